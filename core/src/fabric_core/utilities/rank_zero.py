@@ -1,0 +1,72 @@
+"""Rank-zero gating for prints, warnings and logger writes.
+
+The rank is read from the environment at import (RANK, LOCAL_RANK, SLURM_PROCID, JSM_NAMESPACE_RANK) and
+updated by parallel strategies once their process group knows the real rank.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+log = logging.getLogger("fabric_core")
+
+T = TypeVar("T")
+
+
+def _rank_from_env() -> int:
+    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
+        value = os.environ.get(key)
+        if value is not None:
+            try:
+                return int(value)
+            except ValueError:
+                continue
+    return 0
+
+
+class _RankHolder:
+    rank: int = _rank_from_env()
+
+
+def get_rank() -> int:
+    return _RankHolder.rank
+
+
+def set_rank(rank: int) -> None:
+    _RankHolder.rank = int(rank)
+
+
+def rank_zero_only(fn: Callable[..., T], default: Any = None) -> Callable[..., T | Any]:
+    """Run ``fn`` on global rank 0 only; other ranks get ``default``."""
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> T | Any:
+        if _RankHolder.rank == 0:
+            return fn(*args, **kwargs)
+        return default
+
+    return wrapped
+
+
+class PossibleUserWarning(UserWarning):
+    """A warning about something that is probably, but not certainly, a mistake."""
+
+
+def rank_zero_warn(message: str, category: type[Warning] = UserWarning, stacklevel: int = 3) -> None:
+    if _RankHolder.rank == 0:
+        warnings.warn(message, category, stacklevel=stacklevel)
+
+
+def rank_zero_info(message: str) -> None:
+    if _RankHolder.rank == 0:
+        log.info(message)
+
+
+def rank_zero_debug(message: str) -> None:
+    if _RankHolder.rank == 0:
+        log.debug(message)
