@@ -1,0 +1,196 @@
+"""Checkpoint reading and writing, kept behind a small interface so storage backends can be swapped.
+
+The default, :class:`TorchCheckpointIO`, writes local files with :func:`torch.save` and is built around two
+promises that matter when a run is killed at the worst moment:
+
+* **Crash-safe saves.** A checkpoint is streamed into a hidden temporary file next to the target, forced to disk,
+  and only then renamed over the target. A crash, a full disk or Ctrl-C during the save leaves the previous
+  checkpoint exactly as it was, and the temporary file is removed.
+* **Safe loads by default.** Loading uses torch's restricted ``weights_only`` unpickler unless the caller opts out,
+  so opening a checkpoint from an untrusted source cannot run arbitrary code.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import tempfile
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["CheckpointIO", "TorchCheckpointIO", "atomic_save"]
+
+_PathLike = str | os.PathLike
+
+
+class CheckpointIO(ABC):
+    """Interface for saving, loading and removing checkpoints.
+
+    Strategies call these methods instead of touching files directly, so a plugin can redirect checkpoints to
+    another format or storage system without changing the training loop.
+    """
+
+    @abstractmethod
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: _PathLike, storage_options: Any | None = None
+    ) -> None:
+        """Persist ``checkpoint`` at ``path``; ``storage_options`` are backend-specific extras."""
+
+    @abstractmethod
+    def load_checkpoint(
+        self,
+        path: _PathLike,
+        map_location: Any = "cpu",
+        weights_only: bool | None = None,
+        mmap: bool = False,
+    ) -> dict[str, Any]:
+        """Read a checkpoint written by :meth:`save_checkpoint` and return its contents."""
+
+    @abstractmethod
+    def remove_checkpoint(self, path: _PathLike) -> None:
+        """Delete the checkpoint at ``path`` if it exists."""
+
+    def teardown(self) -> None:  # noqa: B027 - optional hook, most backends hold no resources
+        """Release any resources (open handles, background threads) held by the backend."""
+
+
+def _default_file_mode() -> int:
+    """The permission bits a plain ``open(path, "w")`` would give, so atomic saves do not end up 0600."""
+    umask: int | None = None
+    try:
+        # Linux exposes the umask read-only; this avoids the process-wide set-and-restore below.
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    umask = int(line.split()[1], 8)
+                    break
+    except (OSError, ValueError):
+        umask = None
+    if umask is None:
+        umask = os.umask(0o022)
+        os.umask(umask)
+    return 0o666 & ~umask
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make a rename durable by syncing the directory entry; best effort (impossible on Windows)."""
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+    try:
+        fd = os.open(directory, flags)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_save(obj: Any, path: _PathLike) -> None:
+    """``torch.save(obj, path)``, but a reader sees either the old file or the complete new one, never a torso.
+
+    The data is streamed straight into ``.<name>.tmp-XXXX`` in the target's folder (the same filesystem, so the
+    final rename is atomic), flushed and fsynced, then moved over ``path`` with :func:`os.replace`. Nothing is
+    buffered in memory first, so saving needs no second copy of the state. On any failure, including
+    ``KeyboardInterrupt``, the temporary file is deleted and the exception propagates; ``path`` is untouched.
+
+    Processes that memory-mapped the old file keep a valid view of it: the rename swaps the directory entry, it
+    does not modify the old file's contents.
+    """
+    target = Path(os.fspath(path))
+    if target.is_dir():
+        raise IsADirectoryError(f"Cannot save a checkpoint to {str(target)!r}: it is an existing directory.")
+    parent = target.parent
+    parent.mkdir(parents=True, exist_ok=True)
+
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=parent)
+    try:
+        with os.fdopen(fd, "wb") as tmp_file:
+            torch.save(obj, tmp_file)
+            tmp_file.flush()
+            os.fsync(tmp_file.fileno())
+        os.chmod(tmp_name, _default_file_mode())
+        os.replace(tmp_name, target)
+    except BaseException:
+        # BaseException on purpose: Ctrl-C mid-save must not leave a multi-GB temporary file behind.
+        try:
+            os.unlink(tmp_name)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_directory(parent)
+
+
+_UNSAFE_LOAD_HINT = (
+    "Could not load the checkpoint {path!r} with the safe loader (weights_only=True): it contains arbitrary "
+    "Python objects, and unpickling those can execute code. If you trust the source of this file, load it with "
+    "`weights_only=False` (for example `fabric.load(path, weights_only=False)`), or keep the safe loader and "
+    "allowlist the classes it needs with `torch.serialization.add_safe_globals([...])`.\n\n"
+    "Details from torch.load: {detail}"
+)
+
+
+class TorchCheckpointIO(CheckpointIO):
+    """Local-file checkpoints via :func:`torch.save` / :func:`torch.load`, crash-safe on save, safe on load."""
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: _PathLike, storage_options: Any | None = None
+    ) -> None:
+        """Atomically write ``checkpoint`` to ``path``, creating parent folders; see :func:`atomic_save`."""
+        if storage_options is not None:
+            raise TypeError(
+                "TorchCheckpointIO.save_checkpoint() takes no storage options: it writes a local file with "
+                f"torch.save. Got storage_options={storage_options!r}. Use a CheckpointIO plugin that understands "
+                "storage options, or pass storage_options=None."
+            )
+        atomic_save(checkpoint, path)
+
+    def load_checkpoint(
+        self,
+        path: _PathLike,
+        map_location: Any = "cpu",
+        weights_only: bool | None = None,
+        mmap: bool = False,
+    ) -> dict[str, Any]:
+        """Load a checkpoint file.
+
+        Args:
+            path: the file written by :meth:`save_checkpoint` (or any ``torch.save`` file).
+            map_location: forwarded to :func:`torch.load`; the default keeps everything on the CPU so loading
+                never allocates on an accelerator behind the caller's back.
+            weights_only: ``None`` (default) or ``True`` uses torch's safe unpickler, which only rebuilds
+                tensors, primitive containers and allowlisted classes. Pass ``False`` only for trusted files.
+            mmap: memory-map the file instead of reading it, so tensors are paged in lazily and a large checkpoint
+                does not need to fit in RAM at once. Needs the zipfile format ``torch.save`` has written by default
+                since torch 1.6 (legacy files raise ``RuntimeError``). The returned CPU tensors are backed by the
+                file; atomic saves replace the file rather than rewriting it, so they stay valid.
+        """
+        fspath = os.fspath(path)
+        if os.path.isdir(fspath):
+            raise IsADirectoryError(
+                f"Cannot load checkpoint {fspath!r}: it is a directory, not a file. This is probably a sharded "
+                "(distributed) checkpoint; load it through the strategy or CheckpointIO plugin that wrote it."
+            )
+        if not os.path.exists(fspath):
+            raise FileNotFoundError(f"Checkpoint file not found: {fspath}")
+
+        safe = True if weights_only is None else bool(weights_only)
+        try:
+            return torch.load(fspath, map_location=map_location, weights_only=safe, mmap=mmap)
+        except pickle.UnpicklingError as err:
+            if not safe:
+                raise
+            raise pickle.UnpicklingError(_UNSAFE_LOAD_HINT.format(path=fspath, detail=err)) from err
+
+    def remove_checkpoint(self, path: _PathLike) -> None:
+        """Delete a checkpoint file, or a whole checkpoint directory (sharded checkpoints); missing is fine."""
+        fspath = os.fspath(path)
+        if os.path.islink(fspath) or os.path.isfile(fspath):
+            os.unlink(fspath)
+        elif os.path.isdir(fspath):
+            shutil.rmtree(fspath)
