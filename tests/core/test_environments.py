@@ -1,0 +1,714 @@
+"""Cluster environments: detection, ranks, rendezvous address/port, validation, and priority-based selection."""
+
+from __future__ import annotations
+
+import ast
+import logging
+import os
+import socket
+import sys
+import warnings
+from pathlib import Path
+
+import fabric_core.environments as envs
+import pytest
+from fabric_core.environments import (
+    BUILTIN_ENVIRONMENTS,
+    ClusterEnvironment,
+    KubeflowEnvironment,
+    LSFEnvironment,
+    MissingEnvironmentVariable,
+    MPIEnvironment,
+    PlainEnvironment,
+    SLURMEnvironment,
+    TorchElasticEnvironment,
+    find_free_port,
+    parse_slurm_nodelist,
+    select_environment,
+)
+from fabric_core.environments import mpi as mpi_module
+from fabric_core.utilities import rank_zero
+
+# Every variable any environment reads; cleared before each test so the host machine cannot influence results.
+_ALL_VARS = (
+    "LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "SLURM_NTASKS", "SLURM_JOB_NAME", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NODELIST",
+    "SLURM_JOB_ID", "SLURM_NTASKS_PER_NODE", "SLURM_NNODES",
+    "LSB_JOBID", "LSB_DJOB_RANKFILE", "JSM_NAMESPACE_LOCAL_RANK", "JSM_NAMESPACE_SIZE", "JSM_NAMESPACE_RANK",
+    "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "PMI_SIZE", "PMI_RANK", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid",
+)  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for var in _ALL_VARS:
+        monkeypatch.delenv(var, raising=False)
+    previous_rank = rank_zero.get_rank()
+    rank_zero.set_rank(0)
+    yield
+    rank_zero.set_rank(previous_rank)
+
+
+def _setenv(monkeypatch, **values):
+    for key, value in values.items():
+        monkeypatch.setenv(key, str(value))
+
+
+def _exercise(env: ClusterEnvironment) -> None:
+    """Call every read-only accessor, as a strategy would."""
+    _ = env.creates_processes_externally, env.main_address, env.main_port
+    env.world_size()
+    env.global_rank()
+    env.local_rank()
+    env.node_rank()
+
+
+# ---------------------------------------------------------------------------------------------- base / helpers
+
+
+def test_base_is_abstract_and_defaults_are_noops():
+    with pytest.raises(TypeError):
+        ClusterEnvironment()  # type: ignore[abstract]
+    env = PlainEnvironment()
+    assert ClusterEnvironment.validate_settings(env, num_devices=99, num_nodes=99) is None
+    assert ClusterEnvironment.detect_priority is None
+
+
+def test_find_free_port_is_bindable():
+    port = find_free_port()
+    assert 0 < port < 65536
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", port))  # raises if the port was not actually free
+
+
+def test_missing_variable_error_is_keyerror_with_readable_message():
+    err = MissingEnvironmentVariable("WORLD_SIZE", "set it")
+    assert isinstance(err, KeyError)
+    assert str(err) == "The environment variable `WORLD_SIZE` is not set. set it"
+
+
+def test_names_and_priorities():
+    assert {cls.name for cls in BUILTIN_ENVIRONMENTS} == {
+        "plain", "torchelastic", "slurm", "lsf", "mpi", "kubeflow"
+    }  # fmt: skip
+    ordered = sorted(
+        (cls for cls in BUILTIN_ENVIRONMENTS if cls.detect_priority is not None),
+        key=lambda c: c.detect_priority,
+    )
+    assert ordered == [
+        TorchElasticEnvironment,
+        SLURMEnvironment,
+        LSFEnvironment,
+        MPIEnvironment,
+        PlainEnvironment,
+    ]
+    assert KubeflowEnvironment.detect_priority is None
+
+
+def test_exports():
+    for name in envs.__all__:
+        assert hasattr(envs, name), name
+
+
+def test_modules_import_only_stdlib():
+    """Environments are detected before any process group exists; importing them must stay light."""
+    package_dir = Path(envs.__file__).parent
+    allowed_internal = {"fabric_core.environments", "fabric_core.utilities.rank_zero"}
+    for path in package_dir.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                modules = [node.module or ""]
+            else:
+                continue
+            for module in modules:
+                top = module.split(".")[0]
+                ok = top in sys.stdlib_module_names or top == "__future__"
+                ok = ok or any(module == m or module.startswith(m + ".") for m in allowed_internal)
+                assert ok, f"{path.name} imports {module}"
+
+
+# ---------------------------------------------------------------------------------------------- selection
+
+
+def test_select_falls_back_to_plain():
+    env = select_environment(BUILTIN_ENVIRONMENTS)
+    assert type(env) is PlainEnvironment
+
+
+def test_select_prefers_torchelastic_over_slurm(monkeypatch):
+    _setenv(monkeypatch, TORCHELASTIC_RUN_ID="abc", SLURM_NTASKS=4, SLURM_JOB_NAME="train")
+    assert TorchElasticEnvironment.detect() and SLURMEnvironment.detect()
+    # Order of the iterable must not matter, only detect_priority.
+    env = select_environment([PlainEnvironment, SLURMEnvironment, TorchElasticEnvironment])
+    assert type(env) is TorchElasticEnvironment
+
+
+def test_select_picks_slurm_when_no_torchelastic(monkeypatch):
+    _setenv(monkeypatch, SLURM_NTASKS=4, SLURM_JOB_NAME="train")
+    assert type(select_environment(BUILTIN_ENVIRONMENTS)) is SLURMEnvironment
+
+
+def test_select_skips_undetectable_and_raises_without_fallback(monkeypatch):
+    _setenv(monkeypatch, MASTER_ADDR="h", MASTER_PORT=1, WORLD_SIZE=2, RANK=0)
+    with pytest.raises(RuntimeError, match="PlainEnvironment"):
+        select_environment([KubeflowEnvironment, SLURMEnvironment])
+    assert type(select_environment([KubeflowEnvironment, PlainEnvironment])) is PlainEnvironment
+
+
+def test_select_treats_class_without_priority_as_explicit_only():
+    class Bare:  # a plugin class that never declared detect_priority
+        @classmethod
+        def detect(cls):
+            raise AssertionError("must not be asked")
+
+    assert type(select_environment([Bare, PlainEnvironment])) is PlainEnvironment  # type: ignore[list-item]
+
+
+def test_select_equal_priority_keeps_given_order():
+    class A(PlainEnvironment):
+        name = "a"
+        detect_priority = 5
+
+    class B(PlainEnvironment):
+        name = "b"
+        detect_priority = 5
+
+    assert type(select_environment([B, A, PlainEnvironment])) is B
+
+
+# ---------------------------------------------------------------------------------------------- plain
+
+
+def test_plain_defaults_without_env():
+    env = PlainEnvironment()
+    assert PlainEnvironment.detect()
+    assert env.creates_processes_externally is False
+    assert env.main_address == "127.0.0.1"
+    assert env.world_size() == 1
+    assert env.global_rank() == 0
+    assert env.local_rank() == 0
+    assert env.node_rank() == 0
+
+
+def test_plain_free_port_is_cached(monkeypatch):
+    calls = []
+
+    def fake_port():
+        calls.append(1)
+        return 40000 + len(calls)
+
+    monkeypatch.setattr("fabric_core.environments.plain.find_free_port", fake_port)
+    env = PlainEnvironment()
+    assert env.main_port == 40001
+    assert env.main_port == 40001
+    assert len(calls) == 1
+    assert "MASTER_PORT" not in os.environ
+
+
+def test_plain_reads_master_vars(monkeypatch):
+    _setenv(monkeypatch, MASTER_ADDR="10.0.0.1", MASTER_PORT=1234)
+    env = PlainEnvironment()
+    assert env.main_address == "10.0.0.1"
+    assert env.main_port == 1234
+
+
+def test_plain_external_reads_world_size_and_rank(monkeypatch):
+    _setenv(monkeypatch, LOCAL_RANK=1, WORLD_SIZE=4, RANK=3)
+    env = PlainEnvironment()
+    assert env.creates_processes_externally is True
+    assert env.world_size() == 4
+    assert env.global_rank() == 3
+    assert env.local_rank() == 1
+
+
+def test_plain_ignores_world_size_env_when_not_external(monkeypatch):
+    _setenv(monkeypatch, WORLD_SIZE=4, RANK=3)
+    env = PlainEnvironment()
+    assert env.world_size() == 1
+    assert env.global_rank() == 0
+
+
+def test_plain_setters_override_and_update_rank_zero(monkeypatch):
+    _setenv(monkeypatch, LOCAL_RANK=0, WORLD_SIZE=4, RANK=0)
+    env = PlainEnvironment()
+    env.set_world_size(8)
+    env.set_global_rank(5)
+    assert env.world_size() == 8
+    assert env.global_rank() == 5
+    assert rank_zero.get_rank() == 5
+    assert os.environ["WORLD_SIZE"] == "4"  # setters do not write the environment
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [({}, 0), ({"GROUP_RANK": 2}, 2), ({"NODE_RANK": 3}, 3), ({"NODE_RANK": 3, "GROUP_RANK": 2}, 3)],
+)
+def test_plain_node_rank(monkeypatch, values, expected):
+    _setenv(monkeypatch, **values)
+    assert PlainEnvironment().node_rank() == expected
+
+
+def test_plain_malformed_int_names_variable(monkeypatch):
+    _setenv(monkeypatch, LOCAL_RANK="one")
+    with pytest.raises(ValueError, match="LOCAL_RANK"):
+        PlainEnvironment().local_rank()
+
+
+def test_plain_teardown_removes_world_size(monkeypatch):
+    _setenv(monkeypatch, WORLD_SIZE=2)
+    PlainEnvironment().teardown()
+    assert "WORLD_SIZE" not in os.environ
+
+
+# ---------------------------------------------------------------------------------------------- torchelastic
+
+
+def test_torchelastic_detect(monkeypatch):
+    assert not TorchElasticEnvironment.detect()
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "")  # present but empty still counts
+    assert TorchElasticEnvironment.detect()
+
+
+def test_torchelastic_ranks_and_address(monkeypatch):
+    _setenv(
+        monkeypatch, TORCHELASTIC_RUN_ID="r", WORLD_SIZE=8, RANK=5, LOCAL_RANK=1, GROUP_RANK=2,
+        MASTER_ADDR="node0", MASTER_PORT=29400,
+    )  # fmt: skip
+    env = TorchElasticEnvironment()
+    assert env.creates_processes_externally is True
+    assert env.world_size() == 8
+    assert env.global_rank() == 5
+    assert env.local_rank() == 1
+    assert env.node_rank() == 2
+    assert env.main_address == "node0"
+    assert env.main_port == 29400
+
+
+def test_torchelastic_node_rank_defaults_to_zero(monkeypatch):
+    _setenv(monkeypatch, TORCHELASTIC_RUN_ID="r")
+    assert TorchElasticEnvironment().node_rank() == 0
+
+
+def test_torchelastic_missing_master_warns_and_does_not_write_env(monkeypatch):
+    _setenv(monkeypatch, TORCHELASTIC_RUN_ID="r")
+    env = TorchElasticEnvironment()
+    with pytest.warns(UserWarning, match="MASTER_ADDR"):
+        assert env.main_address == "127.0.0.1"
+    with pytest.warns(UserWarning, match="MASTER_PORT"):
+        assert env.main_port == 29500
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once per instance, not on every access
+        assert env.main_address == "127.0.0.1"
+    assert "MASTER_ADDR" not in os.environ
+    assert "MASTER_PORT" not in os.environ
+
+
+def test_torchelastic_missing_rank_var_is_named(monkeypatch):
+    _setenv(monkeypatch, TORCHELASTIC_RUN_ID="r")
+    with pytest.raises(KeyError, match="WORLD_SIZE.*torchrun"):
+        TorchElasticEnvironment().world_size()
+
+
+def test_torchelastic_setters_ignored_with_debug_log(monkeypatch, caplog):
+    _setenv(monkeypatch, TORCHELASTIC_RUN_ID="r", WORLD_SIZE=4, RANK=1)
+    env = TorchElasticEnvironment()
+    with caplog.at_level(logging.DEBUG, logger="fabric_core.environments.torchelastic"):
+        env.set_world_size(100)
+        env.set_global_rank(7)
+    assert env.world_size() == 4
+    assert env.global_rank() == 1
+    assert "setting world size is not allowed" in caplog.text
+    assert rank_zero.get_rank() == 0
+
+
+def test_torchelastic_validate_settings(monkeypatch):
+    _setenv(monkeypatch, TORCHELASTIC_RUN_ID="r", WORLD_SIZE=8)
+    env = TorchElasticEnvironment()
+    env.validate_settings(num_devices=4, num_nodes=2)
+    with pytest.raises(ValueError, match=r"2 \* 2 = 4\).*\(8\)") as exc:
+        env.validate_settings(num_devices=2, num_nodes=2)
+    assert "--nproc-per-node" in str(exc.value)
+
+
+# ---------------------------------------------------------------------------------------------- SLURM
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ({}, False),
+        ({"SLURM_NTASKS": 2}, True),
+        ({"SLURM_NTASKS": 2, "SLURM_JOB_NAME": "train.sh"}, True),
+        ({"SLURM_NTASKS": 2, "SLURM_JOB_NAME": "bash"}, False),
+        ({"SLURM_NTASKS": 2, "SLURM_JOB_NAME": "interactive"}, False),
+        ({"SLURM_JOB_NAME": "train.sh"}, False),
+    ],
+)
+def test_slurm_detect(monkeypatch, values, expected):
+    _setenv(monkeypatch, **values)
+    assert SLURMEnvironment.detect() is expected
+
+
+def test_slurm_ranks(monkeypatch):
+    _setenv(monkeypatch, SLURM_NTASKS=8, SLURM_PROCID=6, SLURM_LOCALID=2, SLURM_NODEID=1)
+    env = SLURMEnvironment()
+    assert env.creates_processes_externally is True
+    assert env.world_size() == 8
+    assert env.global_rank() == 6
+    assert env.local_rank() == 2
+    assert env.node_rank() == 1
+    env.set_world_size(3)
+    env.set_global_rank(0)
+    assert env.world_size() == 8
+    assert env.global_rank() == 6
+
+
+@pytest.mark.parametrize(
+    ("nodelist", "expected"),
+    [
+        ("host", ["host"]),
+        ("host[5-9]", ["host5", "host6", "host7", "host8", "host9"]),
+        ("alpha,beta", ["alpha", "beta"]),
+        ("alpha beta", ["alpha", "beta"]),
+        ("node[001-003,7]", ["node001", "node002", "node003", "node7"]),
+        ("1.2.3.[089, 100-102]", ["1.2.3.089", "1.2.3.100", "1.2.3.101", "1.2.3.102"]),
+        ("a[1-2],b[08-10]", ["a1", "a2", "b08", "b09", "b10"]),
+        ("rack[1-2]-n[3,5]", ["rack1-n3", "rack1-n5", "rack2-n3", "rack2-n5"]),
+        ("x[9-11]", ["x9", "x10", "x11"]),
+    ],
+)
+def test_parse_slurm_nodelist(nodelist, expected):
+    assert parse_slurm_nodelist(nodelist) == expected
+
+
+@pytest.mark.parametrize("nodelist", ["host[1-2", "host]1[", "host[5-3]", "host[]", "host[a-b]"])
+def test_parse_slurm_nodelist_rejects_malformed(nodelist):
+    with pytest.raises(ValueError, match="SLURM node list"):
+        parse_slurm_nodelist(nodelist)
+
+
+@pytest.mark.parametrize(
+    ("nodelist", "expected"),
+    [
+        ("host[5-9]", "host5"),
+        ("a,b", "a"),
+        ("a b", "a"),
+        ("1.2.3.[089, 100-110]", "1.2.3.089"),
+        ("n[1-999999]", "n1"),
+    ],
+)
+def test_slurm_main_address_from_nodelist(monkeypatch, nodelist, expected):
+    _setenv(monkeypatch, SLURM_NODELIST=nodelist)
+    assert SLURMEnvironment().main_address == expected
+    assert "MASTER_ADDR" not in os.environ
+
+
+def test_slurm_main_address_prefers_master_addr(monkeypatch):
+    _setenv(monkeypatch, SLURM_NODELIST="host[5-9]", MASTER_ADDR="elsewhere")
+    assert SLURMEnvironment().main_address == "elsewhere"
+
+
+def test_slurm_main_address_without_nodelist_names_variable():
+    with pytest.raises(KeyError, match="SLURM_NODELIST"):
+        _ = SLURMEnvironment().main_address
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ({}, 12910),
+        ({"SLURM_JOB_ID": "123456789"}, 15000 + 6789),
+        ({"SLURM_JOB_ID": "42"}, 15042),
+        ({"SLURM_JOB_ID": "not-a-number"}, 12910),
+        ({"SLURM_JOB_ID": "123456789", "MASTER_PORT": "5555"}, 5555),
+    ],
+)
+def test_slurm_main_port(monkeypatch, values, expected):
+    _setenv(monkeypatch, **values)
+    assert SLURMEnvironment().main_port == expected
+    assert os.environ.get("MASTER_PORT") == values.get("MASTER_PORT")
+
+
+def test_slurm_job_helpers(monkeypatch):
+    assert SLURMEnvironment.job_id() is None
+    assert SLURMEnvironment.job_name() is None
+    _setenv(monkeypatch, SLURM_JOB_ID=77, SLURM_JOB_NAME="train")
+    assert SLURMEnvironment.job_id() == 77
+    assert SLURMEnvironment.job_name() == "train"
+
+
+def test_slurm_validate_settings(monkeypatch):
+    _setenv(monkeypatch, SLURM_NTASKS=8, SLURM_NTASKS_PER_NODE=4, SLURM_NNODES=2, SLURM_JOB_NAME="train")
+    env = SLURMEnvironment()
+    env.validate_settings(num_devices=4, num_nodes=2)
+    with pytest.raises(ValueError, match=r"SLURM_NTASKS_PER_NODE=4.*devices=2.*--ntasks-per-node=2"):
+        env.validate_settings(num_devices=2, num_nodes=2)
+    with pytest.raises(ValueError, match=r"SLURM_NNODES=2.*num_nodes=3.*--nodes=3"):
+        env.validate_settings(num_devices=4, num_nodes=3)
+
+
+def test_slurm_validate_ntasks_without_per_node(monkeypatch):
+    _setenv(monkeypatch, SLURM_NTASKS=2)
+    with pytest.raises(ValueError, match=r"--ntasks=2.*--ntasks-per-node=2"):
+        SLURMEnvironment().validate_settings(num_devices=2, num_nodes=1)
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    SLURMEnvironment().validate_settings(num_devices=1, num_nodes=1)
+
+
+def test_slurm_validate_skipped_when_interactive(monkeypatch):
+    _setenv(monkeypatch, SLURM_NTASKS=1, SLURM_NTASKS_PER_NODE=1, SLURM_NNODES=1, SLURM_JOB_NAME="bash")
+    SLURMEnvironment().validate_settings(num_devices=4, num_nodes=2)
+
+
+# ---------------------------------------------------------------------------------------------- LSF
+
+
+@pytest.fixture
+def lsf_job(monkeypatch, tmp_path):
+    rankfile = tmp_path / "rankfile"
+    rankfile.write_text("launch\nnode1\nnode1\nnode2\nnode2\n\n")
+    _setenv(
+        monkeypatch, LSB_JOBID=123456, LSB_DJOB_RANKFILE=rankfile, JSM_NAMESPACE_LOCAL_RANK=1,
+        JSM_NAMESPACE_SIZE=4, JSM_NAMESPACE_RANK=3,
+    )  # fmt: skip
+    monkeypatch.setattr(socket, "gethostname", lambda: "node2")
+    return rankfile
+
+
+def test_lsf_detect_needs_all_vars(monkeypatch, lsf_job):
+    assert LSFEnvironment.detect()
+    monkeypatch.delenv("JSM_NAMESPACE_SIZE")
+    assert not LSFEnvironment.detect()
+
+
+def test_lsf_ranks_and_hosts(lsf_job):
+    env = LSFEnvironment()
+    assert env.creates_processes_externally is True
+    assert env.world_size() == 4
+    assert env.global_rank() == 3
+    assert env.local_rank() == 1
+    assert env.main_address == "node1"  # the launch node is skipped
+    assert env.node_rank() == 1  # node2 is the second distinct compute host
+    assert env.main_port == 123456 % 1000 + 10000
+    env.set_world_size(1)
+    env.set_global_rank(0)
+    assert env.world_size() == 4
+    assert env.global_rank() == 3
+
+
+def test_lsf_master_vars_win(monkeypatch, lsf_job):
+    _setenv(monkeypatch, MASTER_ADDR="other", MASTER_PORT=4242)
+    env = LSFEnvironment()
+    assert env.main_address == "other"
+    assert env.main_port == 4242
+
+
+def test_lsf_unknown_host(monkeypatch, lsf_job):
+    monkeypatch.setattr(socket, "gethostname", lambda: "stranger")
+    with pytest.raises(ValueError, match="stranger"):
+        LSFEnvironment().node_rank()
+
+
+def test_lsf_missing_rankfile(monkeypatch, tmp_path, lsf_job):
+    monkeypatch.setenv("LSB_DJOB_RANKFILE", str(tmp_path / "nope"))
+    with pytest.raises(ValueError, match="Cannot read the LSF rankfile"):
+        LSFEnvironment()
+    monkeypatch.delenv("LSB_DJOB_RANKFILE")
+    with pytest.raises(KeyError, match="LSB_DJOB_RANKFILE"):
+        LSFEnvironment()
+
+
+@pytest.mark.parametrize(
+    ("content", "match"), [("", "is empty"), ("\n\n", "is empty"), ("launch\n", "only the launch")]
+)
+def test_lsf_empty_rankfile(lsf_job, content, match):
+    lsf_job.write_text(content)
+    with pytest.raises(ValueError, match=match):
+        LSFEnvironment()
+
+
+def test_lsf_missing_job_id_for_port(monkeypatch, lsf_job):
+    env = LSFEnvironment()
+    monkeypatch.delenv("LSB_JOBID")
+    with pytest.raises(KeyError, match="LSB_JOBID"):
+        _ = env.main_port
+
+
+# ---------------------------------------------------------------------------------------------- MPI
+
+
+def test_mpi_detect_without_mpi4py_does_not_import_it(monkeypatch):
+    _setenv(monkeypatch, OMPI_COMM_WORLD_SIZE=4)
+    had_mpi4py = "mpi4py" in sys.modules
+    monkeypatch.setattr(mpi_module, "_mpi4py_available", lambda: False)
+    assert not MPIEnvironment.detect()
+    if not had_mpi4py:
+        assert "mpi4py" not in sys.modules
+    # The real check must not import it either.
+    mpi_module._mpi4py_available()
+    if not had_mpi4py:
+        assert "mpi4py" not in sys.modules
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ({}, False),
+        ({"OMPI_COMM_WORLD_SIZE": 1}, False),
+        ({"OMPI_COMM_WORLD_SIZE": 2}, True),
+        ({"PMI_SIZE": 3}, True),
+        ({"PMI_SIZE": 1}, False),
+        ({"PMI_SIZE": "garbage"}, False),
+    ],
+)
+def test_mpi_detect_with_mpi4py(monkeypatch, values, expected):
+    monkeypatch.setattr(mpi_module, "_mpi4py_available", lambda: True)
+    _setenv(monkeypatch, **values)
+    assert MPIEnvironment.detect() is expected
+
+
+def test_mpi_openmpi_vars(monkeypatch):
+    _setenv(
+        monkeypatch, OMPI_COMM_WORLD_SIZE=8, OMPI_COMM_WORLD_RANK=5, OMPI_COMM_WORLD_LOCAL_RANK=1,
+        OMPI_COMM_WORLD_LOCAL_SIZE=4,
+    )  # fmt: skip
+    env = MPIEnvironment()
+    assert env.creates_processes_externally is True
+    assert env.world_size() == 8
+    assert env.global_rank() == 5
+    assert env.local_rank() == 1
+    assert env.node_rank() == 1
+    env.set_world_size(2)
+    env.set_global_rank(0)
+    assert (env.world_size(), env.global_rank()) == (8, 5)
+
+
+def test_mpi_pmi_vars(monkeypatch):
+    _setenv(monkeypatch, PMI_SIZE=6, PMI_RANK=4, MPI_LOCALRANKID=1, MPI_LOCALNRANKS=3)
+    env = MPIEnvironment()
+    assert env.world_size() == 6
+    assert env.global_rank() == 4
+    assert env.local_rank() == 1
+    assert env.node_rank() == 1
+
+
+def test_mpi_node_rank_without_local_size(monkeypatch):
+    _setenv(monkeypatch, PMI_SIZE=2, PMI_RANK=1)
+    assert MPIEnvironment().node_rank() == 0
+
+
+def test_mpi_missing_rank_names_both_variables():
+    with pytest.raises(KeyError, match="OMPI_COMM_WORLD_RANK.*PMI_RANK"):
+        MPIEnvironment().global_rank()
+
+
+def test_mpi_address_and_port(monkeypatch):
+    env = MPIEnvironment()
+    assert env.main_address == "127.0.0.1"
+    assert env.main_port == 12910
+    monkeypatch.setenv("PMIX_NAMESPACE", "prterun-host-1234@1")
+    derived = env.main_port
+    assert 15000 <= derived < 25000
+    assert derived == MPIEnvironment().main_port  # every rank derives the same port
+    _setenv(monkeypatch, MASTER_ADDR="head", MASTER_PORT=3000)
+    assert env.main_address == "head"
+    assert env.main_port == 3000
+
+
+def test_mpi_validate_settings(monkeypatch):
+    _setenv(monkeypatch, OMPI_COMM_WORLD_SIZE=4)
+    env = MPIEnvironment()
+    env.validate_settings(num_devices=4, num_nodes=1)
+    with pytest.raises(ValueError, match=r"devices=2.*num_nodes=1.*started 4"):
+        env.validate_settings(num_devices=2, num_nodes=1)
+    with pytest.raises(ValueError, match="MASTER_ADDR"):
+        env.validate_settings(num_devices=2, num_nodes=2)
+    monkeypatch.setenv("MASTER_ADDR", "head")
+    env.validate_settings(num_devices=2, num_nodes=2)
+
+
+# ---------------------------------------------------------------------------------------------- Kubeflow
+
+
+def test_kubeflow_never_detected(monkeypatch):
+    _setenv(monkeypatch, MASTER_ADDR="m", MASTER_PORT=1, WORLD_SIZE=2, RANK=1)
+    assert KubeflowEnvironment.detect() is False
+    assert "plugins=[KubeflowEnvironment()]" in (KubeflowEnvironment.__doc__ or "")
+
+
+def test_kubeflow_values(monkeypatch):
+    _setenv(monkeypatch, MASTER_ADDR="master-0", MASTER_PORT=23456, WORLD_SIZE=4, RANK=2, LOCAL_RANK=3)
+    env = KubeflowEnvironment()
+    assert env.creates_processes_externally is True
+    assert env.main_address == "master-0"
+    assert env.main_port == 23456
+    assert env.world_size() == 4
+    assert env.global_rank() == 2
+    assert env.local_rank() == 0  # one process per pod, whatever LOCAL_RANK says
+    assert env.node_rank() == 2
+    env.set_world_size(1)
+    env.set_global_rank(0)
+    assert (env.world_size(), env.global_rank()) == (4, 2)
+
+
+@pytest.mark.parametrize(
+    ("missing", "accessor"),
+    [
+        ("MASTER_ADDR", lambda e: e.main_address),
+        ("MASTER_PORT", lambda e: e.main_port),
+        ("WORLD_SIZE", lambda e: e.world_size()),
+        ("RANK", lambda e: e.global_rank()),
+    ],
+)
+def test_kubeflow_missing_var_is_named(monkeypatch, missing, accessor):
+    _setenv(monkeypatch, MASTER_ADDR="master-0", MASTER_PORT=23456, WORLD_SIZE=4, RANK=2)
+    monkeypatch.delenv(missing)
+    with pytest.raises(KeyError, match=f"`{missing}`.*Kubeflow"):
+        accessor(KubeflowEnvironment())
+
+
+# ---------------------------------------------------------------------------------------------- no leaks
+
+
+def _lsf_setup(monkeypatch, tmp_path):
+    rankfile = tmp_path / "rankfile"
+    rankfile.write_text("launch\nhostA\n")
+    monkeypatch.setattr(socket, "gethostname", lambda: "hostA")
+    return {
+        "LSB_JOBID": 1, "LSB_DJOB_RANKFILE": rankfile, "JSM_NAMESPACE_LOCAL_RANK": 0, "JSM_NAMESPACE_SIZE": 1,
+        "JSM_NAMESPACE_RANK": 0,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("cls", "values"),
+    [
+        (PlainEnvironment, {}),
+        (PlainEnvironment, {"LOCAL_RANK": 0, "WORLD_SIZE": 2, "RANK": 1}),
+        (TorchElasticEnvironment, {"TORCHELASTIC_RUN_ID": "r", "WORLD_SIZE": 2, "RANK": 1, "LOCAL_RANK": 1}),
+        (
+            SLURMEnvironment,
+            {"SLURM_NTASKS": 2, "SLURM_PROCID": 1, "SLURM_LOCALID": 1, "SLURM_NODEID": 0,
+             "SLURM_NODELIST": "n[1-2]", "SLURM_JOB_ID": 99, "SLURM_NTASKS_PER_NODE": 2, "SLURM_NNODES": 1},
+        ),
+        (LSFEnvironment, None),
+        (MPIEnvironment, {"PMI_SIZE": 2, "PMI_RANK": 1, "MPI_LOCALRANKID": 1}),
+        (KubeflowEnvironment, {"MASTER_ADDR": "m", "MASTER_PORT": 1, "WORLD_SIZE": 2, "RANK": 1}),
+    ],
+)  # fmt: skip
+def test_reading_an_environment_never_writes_os_environ(monkeypatch, tmp_path, cls, values):
+    if values is None:
+        values = _lsf_setup(monkeypatch, tmp_path)
+    _setenv(monkeypatch, **values)
+    before = dict(os.environ)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        env = cls()
+        _exercise(env)
+        env.validate_settings(num_devices=env.world_size(), num_nodes=1)
+    assert dict(os.environ) == before
