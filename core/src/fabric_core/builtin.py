@@ -1,0 +1,122 @@
+"""The core's own plugin: built-in names and the default answers to every decision hook.
+
+It is registered first and through the same hooks as external plugins. Targets are import strings so that
+building the registry imports nothing beyond this module. Default decision hooks are ``trylast`` so any
+installed plugin can answer before them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fabric_core.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from fabric_core.accelerators.base import Accelerator
+    from fabric_core.registry import Registrar, Registry
+    from fabric_core.strategies.base import Strategy
+
+_P = "fabric_core."
+
+
+@hookimpl
+def fabric_register_accelerators(registrar: Registrar) -> None:
+    registrar.add("cpu", _P + "accelerators.cpu:CPUAccelerator", description="CPU processes")
+    registrar.add("cuda", _P + "accelerators.cuda:CUDAAccelerator", description="NVIDIA GPUs")
+    registrar.add("mps", _P + "accelerators.mps:MPSAccelerator", description="Apple Silicon GPU")
+
+
+@hookimpl
+def fabric_register_strategies(registrar: Registrar) -> None:
+    registrar.add(
+        "single_device",
+        _P + "strategies.single_device:SingleDeviceStrategy",
+        description="one process on one device",
+    )
+
+
+@hookimpl
+def fabric_register_precisions(registrar: Registrar) -> None:
+    registrar.add(
+        "32-true", _P + "precision.full:FullPrecision", description="float32 weights and math", aliases={"32": None}
+    )
+    registrar.add(
+        "64-true", _P + "precision.double:DoublePrecision", description="float64 weights and math", aliases={"64": None}
+    )
+    registrar.add("16-true", _P + "precision.half:HalfPrecision", description="float16 weights, no autocast", precision="16-true")
+    registrar.add(
+        "bf16-true", _P + "precision.half:HalfPrecision", description="bfloat16 weights, no autocast", precision="bf16-true"
+    )
+
+
+@hookimpl
+def fabric_register_launchers(registrar: Registrar) -> None:
+    registrar.add(
+        "subprocess",
+        _P + "launchers.subprocess_script:SubprocessScriptLauncher",
+        description="re-runs the script for local ranks 1..N-1",
+    )
+    for method in ("spawn", "fork", "forkserver"):
+        registrar.add(
+            method,
+            _P + "launchers.multiprocessing:MultiProcessingLauncher",
+            description=f"multiprocessing ({method}) running a function",
+            start_method=method,
+        )
+
+
+@hookimpl
+def fabric_register_environments(registrar: Registrar) -> None:
+    env = _P + "environments."
+    registrar.add("torchelastic", env + "torchelastic:TorchElasticEnvironment", description="torchrun / fabric run")
+    registrar.add("slurm", env + "slurm:SLURMEnvironment", description="SLURM srun")
+    registrar.add("lsf", env + "lsf:LSFEnvironment", description="IBM LSF jsrun")
+    registrar.add("mpi", env + "mpi:MPIEnvironment", description="mpirun (Open MPI / MPICH env vars)")
+    registrar.add("kubeflow", env + "kubeflow:KubeflowEnvironment", description="Kubeflow PyTorchJob (explicit only)")
+    registrar.add("plain", env + "plain:PlainEnvironment", description="MASTER_ADDR/NODE_RANK/LOCAL_RANK env vars")
+
+
+# ---------------------------------------------------------------------------------------------- default decisions
+
+
+@hookimpl(trylast=True)
+def fabric_auto_accelerator(registry: Registry) -> str | None:
+    for name in ("cuda", "mps"):
+        if (("accelerator", name) in registry) and registry.get("accelerator", name).load().is_available():
+            return name
+    return "cpu"
+
+
+@hookimpl(trylast=True)
+def fabric_auto_strategy(
+    registry: Registry, accelerator: Accelerator, num_devices: int, num_nodes: int, interactive: bool
+) -> str | Strategy | None:
+    if num_devices <= 1 and num_nodes <= 1:
+        return "single_device"
+    return None
+
+
+@hookimpl(trylast=True)
+def fabric_select_precision(registry: Registry, precision: str, strategy: Strategy, accelerator: Accelerator) -> Any:
+    return registry.create("precision", precision)
+
+
+@hookimpl(trylast=True)
+def fabric_detect_cluster_environment(registry: Registry) -> Any:
+    from fabric_core.environments.base import select_environment
+
+    classes = []
+    for entry in registry.entries("environment"):
+        try:
+            classes.append(entry.load())
+        except ImportError:
+            continue  # a broken third-party environment must not stop detection of the others
+    return select_environment(classes)
+
+
+@hookimpl(trylast=True)
+def fabric_select_launcher(registry: Registry, strategy: Strategy) -> Any:
+    env = getattr(strategy, "cluster_environment", None)
+    if strategy.launcher_name is None or (env is not None and env.creates_processes_externally):
+        return None
+    return registry.create("launcher", strategy.launcher_name, strategy)

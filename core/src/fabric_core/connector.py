@@ -1,0 +1,257 @@
+"""Turns ``Fabric(...)`` arguments into accelerator, strategy, precision, environment and launcher objects.
+
+Every decision that depends on what is installed goes through a hook (see :mod:`fabric_core.hookspecs`), so
+this module has no knowledge of any particular strategy family.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from fabric_core.accelerators.base import Accelerator
+from fabric_core.environments.base import ClusterEnvironment
+from fabric_core.io.checkpoint_io import CheckpointIO
+from fabric_core.precision.base import Precision
+from fabric_core.registry import KNOWN_DISTRIBUTIONS, Registry, get_registry
+from fabric_core.strategies.base import Strategy
+
+#: Set by ``fabric run`` in every process it starts.
+CLI_FLAG = "FABRIC_CLI_USED"
+_CLI_SETTINGS = {
+    "accelerator": "FABRIC_ACCELERATOR",
+    "strategy": "FABRIC_STRATEGY",
+    "devices": "FABRIC_DEVICES",
+    "num_nodes": "FABRIC_NUM_NODES",
+    "precision": "FABRIC_PRECISION",
+}
+_DEFAULTS = {"accelerator": "auto", "strategy": "auto", "devices": "auto", "num_nodes": 1, "precision": None}
+_CLI_OPTION = {"num_nodes": "--num-nodes"}
+
+
+def launched_by_cli() -> bool:
+    return os.environ.get(CLI_FLAG) == "1"
+
+
+def is_interactive() -> bool:
+    return hasattr(sys, "ps1") or bool(getattr(sys.flags, "interactive", 0))
+
+
+@dataclass
+class Resolved:
+    accelerator: Accelerator
+    strategy: Strategy
+    precision: Precision
+    devices: list[Any]
+    num_nodes: int
+
+
+def apply_cli_settings(args: dict[str, Any]) -> dict[str, Any]:
+    """Under ``fabric run``, take the CLI's settings; a conflicting explicit argument is an error.
+
+    Deviation from the well-known implementation: the ``FABRIC_*`` settings only apply when the CLI started
+    the process (``FABRIC_CLI_USED=1``), so a stray variable in a shell never silently changes a run.
+    """
+    if not launched_by_cli():
+        return args
+    out = dict(args)
+    for key, var in _CLI_SETTINGS.items():
+        if var not in os.environ:
+            continue
+        cli_value: Any = os.environ[var]
+        if key == "num_nodes":
+            cli_value = int(cli_value)
+        given = args[key]
+        if given != _DEFAULTS[key] and not isinstance(given, (Strategy, Accelerator)) and str(given) != str(cli_value):
+            option = _CLI_OPTION.get(key, f"--{key}")
+            raise ValueError(
+                f"Your code has `Fabric({key}={given!r}, ...)` but it conflicts with the value `{option}={cli_value}`"
+                " set through the CLI. Remove it either from the CLI or from the Fabric object."
+            )
+        if not isinstance(given, (Strategy, Accelerator)):
+            out[key] = cli_value
+    return out
+
+
+def _split_plugins(plugins: Any) -> tuple[Precision | None, ClusterEnvironment | None, CheckpointIO | None]:
+    if plugins is None:
+        return None, None, None
+    items = plugins if isinstance(plugins, (list, tuple)) else [plugins]
+    found: dict[type, Any] = {}
+    duplicates: list[str] = []
+    for item in items:
+        for base in (Precision, ClusterEnvironment, CheckpointIO):
+            if isinstance(item, base):
+                if base in found:
+                    duplicates.append(base.__name__)
+                found[base] = item
+                break
+        else:
+            raise TypeError(
+                f"Found invalid type for plugin {item!r}. Expected one of: Precision, CheckpointIO,"
+                " ClusterEnvironment (strategies and accelerators go to the `strategy=`/`accelerator=` arguments)."
+            )
+    if duplicates:
+        raise ValueError(
+            f"Received multiple values for {', '.join(sorted(set(duplicates)))} flags in `plugins`."
+            " Expected one value for each type at most."
+        )
+    return found.get(Precision), found.get(ClusterEnvironment), found.get(CheckpointIO)
+
+
+def _normalise_precision_name(registry: Registry, precision: Any) -> str:
+    if precision is None:
+        return "32-true"
+    key = str(precision).strip().lower()
+    if ("precision", key) in registry:
+        return registry.canonical_name("precision", key)
+    allowed = registry.all_names("precision")
+    for dist, kinds in KNOWN_DISTRIBUTIONS.items():
+        if key in kinds.get("precision", ()):
+            raise ValueError(
+                f"Precision {precision!r} is provided by a separate distribution: run `pip install {dist}`."
+                f" Installed precision values: ({', '.join(allowed)})."
+            )
+    raise ValueError(f"Precision {precision!r} is invalid. Allowed precision values: ({', '.join(allowed)}).")
+
+
+def resolve_accelerator(registry: Registry, accelerator: Any) -> Accelerator:
+    if isinstance(accelerator, Accelerator):
+        return accelerator
+    if not isinstance(accelerator, str):
+        raise TypeError(f"`accelerator` must be a name or an Accelerator instance, got {type(accelerator).__name__}.")
+    name = accelerator.strip().lower()
+    if name == "auto":
+        name = registry.hook.fabric_auto_accelerator(registry=registry) or "cpu"
+    elif name == "gpu":
+        for candidate in ("mps", "cuda"):
+            if ("accelerator", candidate) in registry and registry.get("accelerator", candidate).load().is_available():
+                name = candidate
+                break
+        else:
+            raise RuntimeError("No supported gpu backend found! `accelerator='gpu'` needs CUDA or Apple MPS.")
+    if name not in registry.names("accelerator") and ("accelerator", name) not in registry:
+        raise ValueError(registry.unknown_name_message("accelerator", accelerator) + " Also accepted: 'auto', 'gpu'.")
+    entry = registry.get("accelerator", name)
+    cls = entry.load()
+    if not cls.is_available():
+        available = [n for n in registry.names("accelerator") if _safe_available(registry, n)]
+        raise RuntimeError(
+            f"`{cls.__name__}` can not run on your system since the accelerator is not available. The following"
+            f" accelerator(s) are available and can be passed as `accelerator` to `Fabric`: {available}."
+        )
+    return entry.create()
+
+
+def _safe_available(registry: Registry, name: str) -> bool:
+    try:
+        return bool(registry.get("accelerator", name).load().is_available())
+    except Exception:
+        return False
+
+
+def resolve(
+    *,
+    accelerator: Any,
+    strategy: Any,
+    devices: Any,
+    num_nodes: Any,
+    precision: Any,
+    plugins: Any,
+) -> Resolved:
+    """Resolve all arguments (after CLI overrides) in the order accelerator, environment, strategy, precision."""
+    registry = get_registry()
+    args = apply_cli_settings(
+        {"accelerator": accelerator, "strategy": strategy, "devices": devices, "num_nodes": num_nodes, "precision": precision}
+    )
+    accelerator, strategy, devices, num_nodes, precision = (
+        args["accelerator"],
+        args["strategy"],
+        args["devices"],
+        args["num_nodes"],
+        args["precision"],
+    )
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
+        raise ValueError(f"`num_nodes` must be a positive integer, but got {num_nodes!r}.")
+
+    precision_plugin, environment, checkpoint_io = _split_plugins(plugins)
+    if precision is not None and precision_plugin is not None:
+        raise ValueError(
+            f"Received both `precision={precision!r}` and `plugins={precision_plugin!r}`. Choose one."
+        )
+
+    strategy_obj = strategy if isinstance(strategy, Strategy) else None
+    if strategy_obj is not None:
+        if strategy_obj.accelerator is not None and accelerator not in ("auto", None):
+            raise ValueError("accelerator set through both the strategy object and the `accelerator` flag, choose one.")
+        if strategy_obj._precision is not None and precision_plugin is not None:
+            raise ValueError("precision set through both the strategy object and `plugins`, choose one.")
+        if strategy_obj._checkpoint_io is not None and checkpoint_io is not None:
+            raise ValueError("checkpoint_io set through both the strategy object and `plugins`, choose one.")
+        if strategy_obj.cluster_environment is not None and environment is not None:
+            raise ValueError("cluster_environment set through both the strategy object and `plugins`, choose one.")
+        if strategy_obj.accelerator is not None:
+            accelerator = strategy_obj.accelerator
+
+    accelerator_obj = resolve_accelerator(registry, accelerator)
+    device_list = accelerator_obj.parse_devices(devices)
+
+    if environment is None:
+        environment = getattr(strategy_obj, "cluster_environment", None)
+    if environment is None:
+        environment = registry.hook.fabric_detect_cluster_environment(registry=registry)
+
+    if strategy_obj is None:
+        if not isinstance(strategy, str):
+            raise TypeError(f"`strategy` must be a name or a Strategy instance, got {type(strategy).__name__}.")
+        name = strategy.strip().lower()
+        if name == "auto":
+            answer = registry.hook.fabric_auto_strategy(
+                registry=registry,
+                accelerator=accelerator_obj,
+                num_devices=len(device_list),
+                num_nodes=num_nodes,
+                interactive=is_interactive(),
+            )
+            if answer is None:
+                raise ValueError(
+                    f"No installed strategy can run {len(device_list)} device(s) on {num_nodes} node(s) with the"
+                    f" {accelerator_obj.name} accelerator. Install a parallel strategy plugin: run"
+                    " `pip install fabric-ddp`, or pass `devices=1`."
+                )
+            strategy_obj = answer if isinstance(answer, Strategy) else registry.create("strategy", answer)
+        else:
+            strategy_obj = registry.create("strategy", name)
+
+    strategy_obj.connect(
+        accelerator=accelerator_obj,
+        devices=device_list,
+        num_nodes=num_nodes,
+        cluster_environment=environment,
+        checkpoint_io=checkpoint_io,
+    )
+
+    if precision_plugin is None:
+        precision_plugin = strategy_obj._precision
+    if precision_plugin is None:
+        canonical = _normalise_precision_name(registry, precision)
+        precision_plugin = registry.hook.fabric_select_precision(
+            registry=registry, precision=canonical, strategy=strategy_obj, accelerator=accelerator_obj
+        )
+    precision_plugin.configure(accelerator_obj.device_type)
+    strategy_obj.precision = precision_plugin
+
+    strategy_obj.launcher = registry.hook.fabric_select_launcher(registry=registry, strategy=strategy_obj)
+    launcher = strategy_obj.launcher
+    if launcher is not None and is_interactive() and not launcher.is_interactive_compatible:
+        raise RuntimeError(
+            f"`Fabric(strategy={strategy!r})` is not compatible with an interactive environment (notebook or"
+            " `python -i`). Run your code as a script, or choose an interactive-compatible strategy such as"
+            " 'ddp_notebook'."
+        )
+    env = strategy_obj.cluster_environment
+    if env is not None and strategy_obj.requires_launch:
+        env.validate_settings(num_devices=len(device_list), num_nodes=num_nodes)
+    return Resolved(accelerator_obj, strategy_obj, precision_plugin, device_list, num_nodes)

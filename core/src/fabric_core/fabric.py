@@ -1,0 +1,543 @@
+"""The ``Fabric`` facade: the one object a user's training loop talks to.
+
+It resolves its arguments into plugin objects (:mod:`fabric_core.connector`) and then delegates every call to
+the strategy. It never branches on a particular strategy family: what differs between them is expressed by
+strategy attributes and hooks.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable, Generator, Iterable, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from functools import partial
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+from torch import Tensor
+from torch.nn import Module
+from torch.optim import Optimizer
+from torch.utils.data import DataLoader
+
+from fabric_core import connector
+from fabric_core.accelerators.base import Accelerator
+from fabric_core.loggers.base import Logger
+from fabric_core.strategies.base import Strategy
+from fabric_core.utilities.apply import apply_to_collection, convert_tensors_to_scalars, convert_to_tensors
+from fabric_core.utilities.rank_zero import PossibleUserWarning, rank_zero_warn
+from fabric_core.wrappers import (
+    FabricDataLoader,
+    FabricModule,
+    FabricOptimizer,
+    fabric_backward_scope,
+    is_wrapped,
+    unwrap_compiled,
+    unwrap_objects,
+)
+
+
+def _do_nothing(*_: Any, **__: Any) -> None:
+    pass
+
+
+class Fabric:
+    """Accelerate a plain PyTorch training loop on any device, strategy and precision.
+
+    Args:
+        accelerator: ``"cpu"``, ``"cuda"``, ``"mps"``, ``"gpu"``, ``"tpu"`` (with fabric-xla), ``"auto"`` or an
+            :class:`~fabric_core.accelerators.Accelerator` instance. Names are case-insensitive.
+        strategy: ``"auto"``, a registered name (``fabric plugins`` lists them) or a
+            :class:`~fabric_core.strategies.Strategy` instance.
+        devices: number of devices (processes) per node, ``"auto"``, or device indices (GPUs).
+        num_nodes: number of nodes.
+        precision: ``"32-true"`` (default), ``"64-true"``, ``"16-true"``, ``"bf16-true"``, ``"16-mixed"``,
+            ``"bf16-mixed"`` (with fabric-amp), or the legacy ``32``, ``64``, ``16``, ``"bf16"``.
+        plugins: a Precision, ClusterEnvironment or CheckpointIO object, or a list of them.
+        callbacks: objects whose methods :meth:`call` invokes by name.
+        loggers: one logger or a list of loggers used by :meth:`log` and :meth:`log_dict`.
+    """
+
+    def __init__(
+        self,
+        *,
+        accelerator: str | Accelerator = "auto",
+        strategy: str | Strategy = "auto",
+        devices: list[int] | str | int = "auto",
+        num_nodes: int = 1,
+        precision: str | int | None = None,
+        plugins: Any = None,
+        callbacks: Any = None,
+        loggers: Logger | list[Logger] | None = None,
+    ) -> None:
+        resolved = connector.resolve(
+            accelerator=accelerator,
+            strategy=strategy,
+            devices=devices,
+            num_nodes=num_nodes,
+            precision=precision,
+            plugins=plugins,
+        )
+        self._accelerator = resolved.accelerator
+        self._strategy = resolved.strategy
+        self._precision = resolved.precision
+        self._callbacks: list[Any] = [] if callbacks is None else list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+        self._loggers: list[Logger] = [] if loggers is None else list(loggers) if isinstance(loggers, (list, tuple)) else [loggers]
+        self._models_setup = 0
+        self._launched = False
+
+        if type(self).run is not Fabric.run:
+            if connector.launched_by_cli():
+                raise TypeError(
+                    "Overriding `Fabric.run()` and launching from the CLI is not allowed. Run the script with"
+                    " `python script.py`, or call your function through `fabric.launch(fn)` instead of overriding run."
+                )
+            self.run = partial(self._wrap_and_launch, self.run)  # type: ignore[method-assign]
+
+        if connector.launched_by_cli():
+            self._strategy.setup_environment()
+            self._launched = True
+
+    # ------------------------------------------------------------------------------------------------ properties
+    @property
+    def accelerator(self) -> Accelerator:
+        return self._accelerator
+
+    @property
+    def strategy(self) -> Strategy:
+        return self._strategy
+
+    @property
+    def device(self) -> torch.device:
+        """The device this process computes on."""
+        return self._strategy.root_device
+
+    @property
+    def global_rank(self) -> int:
+        return self._strategy.global_rank
+
+    @property
+    def local_rank(self) -> int:
+        return self._strategy.local_rank
+
+    @property
+    def node_rank(self) -> int:
+        return self._strategy.node_rank
+
+    @property
+    def world_size(self) -> int:
+        return self._strategy.world_size
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self._strategy.is_global_zero
+
+    @property
+    def loggers(self) -> list[Logger]:
+        return self._loggers
+
+    @property
+    def logger(self) -> Logger:
+        """The first logger. Raises ``IndexError`` when none was given."""
+        if not self._loggers:
+            raise IndexError("This Fabric has no loggers: pass `Fabric(loggers=...)` to use `fabric.logger`.")
+        return self._loggers[0]
+
+    # ------------------------------------------------------------------------------------------------ launching
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        """Override this with your training code; calling it launches the processes first."""
+
+    def launch(self, function: Callable[..., Any] = _do_nothing, *args: Any, **kwargs: Any) -> Any:
+        """Start the processes of a multi-device run; optionally run ``function(fabric, *args, **kwargs)`` in each.
+
+        Without a function, the script itself continues in every process (the default launcher re-runs it for
+        the other local ranks). Spawn-type strategies can only run a function.
+        """
+        if connector.launched_by_cli():
+            raise RuntimeError(
+                "This script was launched through the CLI, and processes have already been created. Calling "
+                " `.launch()` again is not allowed."
+            )
+        if function is not _do_nothing:
+            if not callable(function):
+                raise TypeError(
+                    f"`Fabric.launch(...)` needs to be a callable, but got {function!r}."
+                    " HINT: do `.launch(your_fn)` instead of `.launch(your_fn())`"
+                )
+            if not inspect.signature(function).parameters:
+                raise TypeError(
+                    f"`Fabric.launch(function={function!r})` needs to take at least one argument. The launcher will"
+                    " pass in the `Fabric` object, so you can use it inside the function."
+                )
+        elif self._strategy.launcher is not None and self._strategy.launcher.requires_function:
+            raise TypeError(
+                f"To spawn processes with the `{type(self._strategy).__name__}` strategy, `.launch()` needs to be"
+                " called with a function that contains the code to launch in processes."
+            )
+        return self._wrap_and_launch(function, self, *args, **kwargs)
+
+    def _wrap_and_launch(self, to_run: Callable, *args: Any, **kwargs: Any) -> Any:
+        self._launched = True
+        to_run = partial(self._wrap_with_setup, to_run)
+        launcher = self._strategy.launcher
+        if launcher is not None:
+            return launcher.launch(to_run, *args, **kwargs)
+        return to_run(*args, **kwargs)
+
+    def _wrap_with_setup(self, to_run: Callable, *args: Any, **kwargs: Any) -> Any:
+        from fabric_core.utilities.data import capture_init_arguments
+
+        self._strategy.setup_environment()
+        with capture_init_arguments():
+            return to_run(*args, **kwargs)
+
+    def _validate_launched(self) -> None:
+        if not self._launched and self._strategy.requires_launch:
+            raise RuntimeError(
+                "To use Fabric with more than one device, you must call `.launch()` or use the CLI:"
+                " `fabric run --help`."
+            )
+
+    # ------------------------------------------------------------------------------------------------ setup
+    def setup(
+        self, module: Module, *optimizers: Optimizer, scheduler: Any = None, move_to_device: bool = True, _reapply_compile: bool = True
+    ) -> Any:
+        """Set up a model and its optimizers; returns ``model`` or ``(model, *optimizers[, scheduler])``."""
+        self._validate_launched()
+        self._validate_setup(module, optimizers, "setup")
+        module, compile_kwargs = self._unwrap_compiled(module, _reapply_compile)
+        original = module
+        module = self._precision.convert_module(module)
+        if move_to_device:
+            module = self._move_model_to_device(module, list(optimizers))
+        if optimizers:
+            forward_module, opts, scheduler = self._strategy.setup_module_and_optimizers(module, list(optimizers), scheduler)
+        else:
+            forward_module, opts = self._strategy.setup_module(module), []
+        if compile_kwargs is not None:
+            forward_module = torch.compile(forward_module, **compile_kwargs)
+        wrapped = FabricModule(forward_module, self._strategy, original_module=original)
+        wrapped_opts = [FabricOptimizer(o, self._strategy, self._callbacks) for o in opts]
+        self._models_setup += 1
+        self.call("on_after_setup", fabric=self, module=wrapped)
+        if not optimizers:
+            return wrapped
+        if scheduler is not None:
+            return (wrapped, *wrapped_opts, scheduler)
+        return (wrapped, *wrapped_opts)
+
+    def setup_module(self, module: Module, move_to_device: bool = True, _reapply_compile: bool = True) -> FabricModule:
+        """Set up a model alone (then create its optimizer and call :meth:`setup_optimizers`)."""
+        self._validate_launched()
+        self._validate_setup(module, (), "setup_module")
+        module, compile_kwargs = self._unwrap_compiled(module, _reapply_compile)
+        original = module
+        module = self._precision.convert_module(module)
+        if move_to_device:
+            module = self._move_model_to_device(module, [])
+        forward_module = self._strategy.setup_module(module)
+        if compile_kwargs is not None:
+            forward_module = torch.compile(forward_module, **compile_kwargs)
+        self._models_setup += 1
+        return FabricModule(forward_module, self._strategy, original_module=original)
+
+    def setup_optimizers(self, *optimizers: Optimizer) -> FabricOptimizer | tuple[FabricOptimizer, ...]:
+        """Set up optimizers of an already set-up model; one in, one out, several in, a tuple out."""
+        self._validate_launched()
+        if self._strategy.requires_joint_setup:
+            raise RuntimeError(
+                f"The `{type(self._strategy).__name__}` requires the model and optimizer(s) to be set up jointly"
+                " through `.setup(model, optimizer, ...)`."
+            )
+        if not optimizers:
+            raise ValueError("`setup_optimizers` requires at least one optimizer as input.")
+        if any(isinstance(o, FabricOptimizer) for o in optimizers):
+            raise ValueError("An optimizer should be passed only once to the `setup_optimizers` method.")
+        self._check_meta_params(optimizers, joint=False)
+        wrapped = tuple(FabricOptimizer(self._strategy.setup_optimizer(o), self._strategy, self._callbacks) for o in optimizers)
+        return wrapped[0] if len(wrapped) == 1 else wrapped
+
+    def setup_dataloaders(
+        self, *dataloaders: DataLoader, use_distributed_sampler: bool = True, move_to_device: bool = True
+    ) -> DataLoader | list[DataLoader]:
+        """Shard (when the strategy runs several processes), seed workers, and move batches to the device."""
+        self._validate_launched()
+        if not dataloaders:
+            raise ValueError("`setup_dataloaders` requires at least one dataloader as input.")
+        if any(isinstance(d, FabricDataLoader) for d in dataloaders):
+            raise ValueError("A dataloader should be passed only once to the `setup_dataloaders` method.")
+        if any(not isinstance(d, DataLoader) for d in dataloaders):
+            raise TypeError("Only PyTorch DataLoader are currently supported in `setup_dataloaders`.")
+        wrapped = [self._setup_dataloader(d, use_distributed_sampler, move_to_device) for d in dataloaders]
+        return wrapped[0] if len(wrapped) == 1 else wrapped  # type: ignore[return-value]
+
+    def _setup_dataloader(self, dataloader: DataLoader, use_distributed_sampler: bool, move_to_device: bool) -> Any:
+        from fabric_core.utilities import data
+        from fabric_core.utilities.seed import worker_init_function
+
+        kwargs = self._strategy.distributed_sampler_kwargs
+        if use_distributed_sampler and kwargs is not None:
+            seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+            sampler = data.distributed_sampler_for(dataloader, seed=seed, **kwargs)
+            if sampler is not None:
+                dataloader = data.reinstantiate_dataloader(dataloader, sampler)
+        if os.environ.get("PL_SEED_WORKERS") == "1" and dataloader.worker_init_fn is None:
+            dataloader.worker_init_fn = partial(worker_init_function, rank=self.global_rank)
+        dataloader = self._strategy.process_dataloader(dataloader)
+        device = self.device if move_to_device else None
+        return FabricDataLoader(dataloader, device=device)
+
+    def _validate_setup(self, module: Module, optimizers: Iterable[Optimizer], method: str) -> None:
+        if isinstance(module, FabricModule) or is_wrapped(module):
+            raise ValueError(f"A model should be passed only once to the `{method}` method.")
+        if any(isinstance(o, FabricOptimizer) for o in optimizers):
+            raise ValueError(f"An optimizer should be passed only once to the `{method}` method.")
+        if optimizers:
+            self._check_meta_params(optimizers, joint=True)
+
+    def _check_meta_params(self, optimizers: Iterable[Optimizer], joint: bool) -> None:
+        for optimizer in optimizers:
+            for group in optimizer.param_groups:
+                if any(p.is_meta for p in group["params"]):
+                    hint = (
+                        "set up the model first with `model = fabric.setup_module(model)`, create the optimizer"
+                        " after that, then call `optimizer = fabric.setup_optimizers(optimizer)`."
+                    )
+                    if joint:
+                        raise RuntimeError(
+                            "The optimizer has references to the model's meta-device parameters. Materializing them"
+                            f" is not supported through `.setup(model, optimizer)`: set up the model and optimizer(s)"
+                            f" separately: {hint}"
+                        )
+                    raise RuntimeError(
+                        "The optimizer has references to the model's meta-device parameters. Create the optimizer"
+                        " after setting up the model, then call `fabric.setup_optimizers(optimizer)`."
+                    )
+
+    def _unwrap_compiled(self, module: Module, reapply: bool) -> tuple[Module, dict[str, Any] | None]:
+        inner, kwargs = unwrap_compiled(module)
+        if kwargs is None or not reapply:
+            return module, None
+        return inner, kwargs
+
+    def _move_model_to_device(self, module: Module, optimizers: list[Optimizer]) -> Module:
+        devices = {p.device for p in module.parameters()}
+        if len(devices) > 1:
+            names = {}
+            for name, p in module.named_parameters():
+                names.setdefault(p.device, name)
+            (d0, n0), (d1, n1) = list(names.items())[:2]
+            rank_zero_warn(
+                f"The model passed to `Fabric.setup()` has {len(devices)} parameters on different devices (for"
+                f" example {n0!r} on {d0} and {n1!r} on {d1}). Since `move_to_device=True`, all parameters will be"
+                f" moved to the new device. If this is not desired, set `Fabric.setup(..., move_to_device=False)`.",
+                category=PossibleUserWarning,
+            )
+        if any(p.is_meta for p in module.parameters()):
+            return module  # materialised by the strategy (e.g. FSDP) shard by shard
+        self._accelerator.setup_device(self.device) if self._launched or not self._strategy.requires_launch else None
+        self._strategy.module_to_device(module)
+        return module
+
+    # ------------------------------------------------------------------------------------------------ training
+    def backward(self, tensor: Tensor, *args: Any, model: Any = None, **kwargs: Any) -> None:
+        """Replace ``loss.backward()``: lets the precision scale the loss and engines own the backward pass."""
+        module = unwrap_objects(model) if model is not None else None
+        with fabric_backward_scope():
+            self._strategy.backward(tensor, module, *args, **kwargs)
+
+    def clip_gradients(
+        self,
+        module: Module,
+        optimizer: Optimizer,
+        clip_val: float | int | None = None,
+        max_norm: float | int | None = None,
+        norm_type: float | int | str = 2.0,
+        error_if_nonfinite: bool = True,
+    ) -> Tensor | None:
+        """Clip by value (returns ``None``) or by norm (returns the total norm *before* clipping)."""
+        if clip_val is not None and max_norm is not None:
+            raise ValueError(
+                "Only one of `clip_val` or `max_norm` can be set as this specifies the underlying clipping algorithm!"
+            )
+        if clip_val is None and max_norm is None:
+            raise ValueError("You have to specify either `clip_val` or `max_norm` to do gradient clipping!")
+        module = unwrap_objects(module)
+        optimizer = unwrap_objects(optimizer)
+        if clip_val is not None:
+            self._strategy.clip_gradients_value(module, optimizer, clip_val=clip_val)
+            return None
+        return self._strategy.clip_gradients_norm(
+            module, optimizer, max_norm=cast(float, max_norm), norm_type=norm_type, error_if_nonfinite=error_if_nonfinite
+        )
+
+    def autocast(self) -> AbstractContextManager:
+        """The precision's forward context, for code that runs outside the model's forward."""
+        return self._precision.forward_context()
+
+    def init_tensor(self) -> AbstractContextManager:
+        """Create tensors directly on the device and in the precision's dtype."""
+        return self._strategy.tensor_init_context()
+
+    def init_module(self, empty_init: bool | None = None) -> AbstractContextManager:
+        """Build a model directly on the device / in the precision's dtype; ``empty_init`` skips weight init."""
+        self._validate_launched()
+        return self._strategy.module_init_context(empty_init=empty_init)
+
+    def no_backward_sync(self, module: Any, enabled: bool = True) -> AbstractContextManager:
+        """Skip gradient synchronisation in backward while accumulating gradients over micro-batches."""
+        module, _ = unwrap_compiled(module)
+        if not isinstance(module, FabricModule):
+            raise TypeError(
+                "You need to set up the model first before you can call `fabric.no_backward_sync()`:"
+                " `model = fabric.setup(model, ...)`"
+            )
+        if self.world_size == 1 and not self._strategy.requires_launch:
+            return nullcontext()
+        control = self._strategy.backward_sync_control
+        if control is None:
+            rank_zero_warn(
+                f"The `{type(self._strategy).__name__}` does not support skipping the gradient synchronization."
+                " Remove `.no_backward_sync()` from your code or choose a different strategy.",
+                category=PossibleUserWarning,
+            )
+            return nullcontext()
+        return control.no_backward_sync(module._forward_module, enabled)
+
+    # ------------------------------------------------------------------------------------------------ data
+    def to_device(self, obj: Any) -> Any:
+        """Move a module (in place) or a nested collection of tensors to this process's device."""
+        if isinstance(obj, Module):
+            self._accelerator.setup_device(self.device)
+            self._strategy.module_to_device(obj)
+            return obj
+        return self._strategy.batch_to_device(obj, self.device)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the first process of each node only."""
+        if self.local_rank == 0:
+            print(*args, **kwargs)
+
+    # ------------------------------------------------------------------------------------------------ collectives
+    def barrier(self, name: str | None = None) -> None:
+        self._validate_launched()
+        self._strategy.barrier(name=name)
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        self._validate_launched()
+        return self._strategy.broadcast(obj, src=src)
+
+    def all_gather(self, data: Any, group: Any | None = None, sync_grads: bool = False) -> Any:
+        """Gather tensors (or a collection of them) from every process: each becomes ``(world_size, ...)``."""
+        self._validate_launched()
+        data = convert_to_tensors(data, device=self.device)
+        return apply_to_collection(data, Tensor, self._strategy.all_gather, group=group, sync_grads=sync_grads)
+
+    def all_reduce(self, data: Any, group: Any | None = None, reduce_op: str | Any = "mean") -> Any:
+        """Reduce tensors (or a collection) across processes with ``"mean"`` (default), ``"sum"``, ``"max"``..."""
+        self._validate_launched()
+        data = convert_to_tensors(data, device=self.device)
+        return apply_to_collection(data, Tensor, self._strategy.all_reduce, group=group, reduce_op=reduce_op)
+
+    @contextmanager
+    def rank_zero_first(self, local: bool = False) -> Generator[None, None, None]:
+        """Run the block on rank 0 first (e.g. a download), then on all others."""
+        rank = self.local_rank if local else self.global_rank
+        if rank > 0:
+            self._strategy.barrier("rank_zero_first:before")
+        yield
+        if rank == 0:
+            self._strategy.barrier("rank_zero_first:before")
+        self._strategy.barrier("rank_zero_first:after")
+
+    # ------------------------------------------------------------------------------------------------ checkpoints
+    def save(self, path: str | Path, state: dict[str, Any], filter: dict[str, Callable[[str, Any], bool]] | None = None) -> None:
+        """Save ``state`` (models, optimizers, anything with ``state_dict``, plain values) crash-safely."""
+        if filter is not None:
+            if not isinstance(filter, dict):
+                raise TypeError(f"Filter should be a dictionary, given {filter!r}")
+            unknown = set(filter) - set(state)
+            if unknown:
+                raise ValueError(f"The filter keys {unknown} are not present in the state keys {set(state)}.")
+            for key, fn in filter.items():
+                if not callable(fn):
+                    raise TypeError(f"Expected `fabric.save(filter=...)` for key {key!r} to be a callable, given {fn!r}")
+        self._validate_launched()
+        self._strategy.save_checkpoint(path=path, state=unwrap_objects(state), filter=filter)
+        self._strategy.barrier()
+
+    def load(
+        self, path: str | Path, state: dict[str, Any] | None = None, strict: bool = True, *, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        """Restore ``state`` in place from ``path``; returns what the checkpoint holds beyond ``state``.
+
+        Loading is safe by default (only tensors and plain containers); pass ``weights_only=False`` for a trusted
+        checkpoint that holds arbitrary Python objects.
+        """
+        self._validate_launched()
+        unwrapped = unwrap_objects(state) if state is not None else None
+        remainder = self._strategy.load_checkpoint(path=path, state=unwrapped, strict=strict, weights_only=weights_only)
+        self._strategy.barrier()
+        if state is not None and unwrapped is not None:
+            for key, value in unwrapped.items():  # plain values were replaced in the unwrapped copy
+                if key in state and not isinstance(state[key], (Module, Optimizer, FabricOptimizer)) and not _is_stateful(state[key]):
+                    state[key] = value
+        return remainder
+
+    def load_raw(self, path: str | Path, obj: Module | Optimizer, strict: bool = True, *, weights_only: bool | None = None) -> None:
+        """Load a plain PyTorch checkpoint (a state dict) into a module or optimizer."""
+        obj = unwrap_objects(obj)
+        if isinstance(obj, Module):
+            obj = self._strategy.unwrap_module(obj)
+        self._strategy.load_checkpoint(path=path, state=obj, strict=strict, weights_only=weights_only)
+
+    # ------------------------------------------------------------------------------------------------ callbacks / logging
+    def call(self, hook_name: str, *args: Any, **kwargs: Any) -> None:
+        """Call ``hook_name`` on every callback that has it; keyword arguments are filtered per signature."""
+        for callback in self._callbacks:
+            method = getattr(callback, hook_name, None)
+            if method is None:
+                continue
+            if not callable(method):
+                rank_zero_warn(f"Skipping the callback `{type(callback).__name__}.{hook_name}` because it is not callable.")
+                continue
+            method(*args, **_filter_kwargs(method, kwargs))
+
+    def log(self, name: str, value: Any, step: int | None = None) -> None:
+        self.log_dict({name: value}, step=step)
+
+    def log_dict(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        """Send metrics to every logger; tensors become Python scalars first."""
+        if not self._loggers:
+            return
+        metrics = convert_tensors_to_scalars(metrics)
+        for logger in self._loggers:
+            logger.log_metrics(metrics=metrics, step=step)
+
+    @staticmethod
+    def seed_everything(seed: int | None = None, workers: bool | None = None, verbose: bool = True) -> int:
+        """Seed ``random``, numpy and torch in this process (and, by default, dataloader workers)."""
+        from fabric_core.utilities.seed import seed_everything
+
+        return seed_everything(seed=seed, workers=True if workers is None else workers, verbose=verbose)
+
+    def __repr__(self) -> str:
+        return (
+            f"Fabric(accelerator={self._accelerator.name!r}, strategy={type(self._strategy).__name__},"
+            f" precision={self._precision.precision!r}, world_size={self.world_size})"
+        )
+
+
+def _is_stateful(obj: Any) -> bool:
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+
+
+def _filter_kwargs(fn: Callable, kwargs: dict[str, Any]) -> dict[str, Any]:
+    try:
+        params = inspect.signature(fn).parameters
+    except (ValueError, TypeError):
+        return kwargs
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in params}

@@ -1,0 +1,5 @@
+"""Launchers: how the processes of a multi-process run are started."""
+
+from fabric_core.launchers.base import Launcher
+
+__all__ = ["Launcher"]

@@ -1,0 +1,392 @@
+"""The strategy contract that every strategy plugin (single device, DDP, FSDP, DeepSpeed, XLA) implements.
+
+The facade (:class:`fabric_core.Fabric`) only ever talks to a strategy through these methods, so a new
+strategy never needs a change in the core. The defaults here are correct for one process holding the whole
+model; parallel strategies override what they must.
+
+How the five families hook in:
+
+* DDP wraps the module in ``setup_module`` and exposes ``backward_sync_control`` for ``no_backward_sync``.
+* FSDP shards in ``setup_module``, creates meta-device modules in ``module_init_context(empty_init=True)``,
+  writes sharded checkpoints in ``save_checkpoint`` and supplies its precision through the
+  ``fabric_select_precision`` hook.
+* DeepSpeed sets ``requires_joint_setup`` (its engine owns model *and* optimizer), builds the engine in
+  ``setup_module_and_optimizers``, and owns backward and the optimizer step (``backward``/``optimizer_step``
+  receive the module the user passed, or ``None``).
+* XLA sets ``requires_joint_setup`` and wraps dataloaders in ``process_dataloader``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, ExitStack
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+from torch.nn import Module
+from torch.optim import Optimizer
+
+from fabric_core.precision.base import Precision
+from fabric_core.utilities.apply import move_data_to_device
+
+if TYPE_CHECKING:
+    from fabric_core.accelerators.base import Accelerator
+    from fabric_core.environments.base import ClusterEnvironment
+    from fabric_core.io.checkpoint_io import CheckpointIO
+    from fabric_core.launchers.base import Launcher
+
+#: Where a precision plugin's state (e.g. a GradScaler) is stored inside a checkpoint.
+PRECISION_STATE_KEY = "__fabric_precision__"
+
+
+class BackwardSyncControl(ABC):
+    """Gives ``fabric.no_backward_sync()`` its meaning for one strategy."""
+
+    @abstractmethod
+    def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager:
+        """A context in which backward does not synchronise gradients across processes."""
+
+
+def is_stateful(obj: Any) -> bool:
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+
+
+class Strategy(ABC):
+    """Base class for strategy plugins."""
+
+    #: registered launcher name that starts the processes (``None``: no launcher, run in this process).
+    launcher_name: str | None = None
+    #: True when model and optimizers must go through ``setup(model, optimizer)`` together.
+    requires_joint_setup: bool = False
+    #: True when ``launch()`` (or the CLI) must run before models/data/collectives are used.
+    requires_launch: bool = False
+
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        precision: Precision | None = None,
+    ) -> None:
+        self._accelerator = accelerator
+        self._checkpoint_io = checkpoint_io
+        self._precision = precision
+        self._launcher: Launcher | None = None
+        self.cluster_environment: ClusterEnvironment | None = None
+        self._num_nodes = 1
+
+    # ---------------------------------------------------------------------------------------- wiring
+    def connect(
+        self,
+        *,
+        accelerator: Accelerator,
+        devices: list[torch.device],
+        num_nodes: int,
+        cluster_environment: ClusterEnvironment | None,
+        checkpoint_io: CheckpointIO | None,
+    ) -> None:
+        """Receive what the resolver decided. Values the user set on the strategy itself are kept."""
+        if self._accelerator is None:
+            self._accelerator = accelerator
+        if self._checkpoint_io is None:
+            self._checkpoint_io = checkpoint_io
+        self._num_nodes = num_nodes
+
+    @property
+    def accelerator(self) -> Accelerator | None:
+        return self._accelerator
+
+    @accelerator.setter
+    def accelerator(self, accelerator: Accelerator) -> None:
+        self._accelerator = accelerator
+
+    @property
+    def precision(self) -> Precision:
+        if self._precision is None:
+            self._precision = Precision()
+        return self._precision
+
+    @precision.setter
+    def precision(self, precision: Precision | None) -> None:
+        self._precision = precision
+
+    @property
+    def checkpoint_io(self) -> CheckpointIO:
+        if self._checkpoint_io is None:
+            from fabric_core.io.checkpoint_io import TorchCheckpointIO
+
+            self._checkpoint_io = TorchCheckpointIO()
+        return self._checkpoint_io
+
+    @checkpoint_io.setter
+    def checkpoint_io(self, io: CheckpointIO | None) -> None:
+        self._checkpoint_io = io
+
+    @property
+    def launcher(self) -> Launcher | None:
+        return self._launcher
+
+    @launcher.setter
+    def launcher(self, launcher: Launcher | None) -> None:
+        self._launcher = launcher
+
+    # ---------------------------------------------------------------------------------------- topology
+    @property
+    @abstractmethod
+    def root_device(self) -> torch.device:
+        """The device this process computes on."""
+
+    @property
+    def global_rank(self) -> int:
+        return 0
+
+    @property
+    def local_rank(self) -> int:
+        return 0
+
+    @property
+    def node_rank(self) -> int:
+        return 0
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    @property
+    def num_nodes(self) -> int:
+        return self._num_nodes
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.global_rank == 0
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, Any] | None:
+        """``num_replicas``/``rank`` for a ``DistributedSampler``; ``None`` when data is not sharded."""
+        return None
+
+    @property
+    def backward_sync_control(self) -> BackwardSyncControl | None:
+        """What ``fabric.no_backward_sync`` uses; ``None`` when the strategy cannot skip gradient sync."""
+        return None
+
+    @property
+    def requires_fabric_backward(self) -> bool:
+        """True when a plain ``loss.backward()`` would bypass something this strategy or precision needs."""
+        return type(self).backward is not Strategy.backward or self.precision.requires_fabric_backward
+
+    # ---------------------------------------------------------------------------------------- lifecycle
+    def setup_environment(self) -> None:
+        """Called once per process, before anything is set up (process groups are created here)."""
+        if self.accelerator is not None:
+            self.accelerator.setup_device(self.root_device)
+
+    def teardown(self) -> None:
+        self.precision.teardown()
+        if self.accelerator is not None:
+            self.accelerator.teardown()
+        if self._checkpoint_io is not None:
+            self._checkpoint_io.teardown()
+
+    # ---------------------------------------------------------------------------------------- init contexts
+    def tensor_init_context(self) -> AbstractContextManager:
+        stack = ExitStack()
+        stack.enter_context(self.root_device)
+        stack.enter_context(self.precision.tensor_init_context())
+        return stack
+
+    def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager:
+        from fabric_core.utilities.init import SkipParameterInit
+
+        stack = ExitStack()
+        stack.enter_context(self.root_device)
+        stack.enter_context(SkipParameterInit(enabled=bool(empty_init)))
+        stack.enter_context(self.precision.module_init_context())
+        return stack
+
+    # ---------------------------------------------------------------------------------------- setup
+    def setup_module_and_optimizers(
+        self, module: Module, optimizers: list[Optimizer], scheduler: Any = None
+    ) -> tuple[Module, list[Optimizer], Any]:
+        """Set up a model with its optimizers. Engines that own both (DeepSpeed) override this."""
+        module = self.setup_module(module)
+        optimizers = [self.setup_optimizer(o) for o in optimizers]
+        return module, optimizers, scheduler
+
+    def setup_module(self, module: Module) -> Module:
+        """Return the module the forward pass should go through (possibly wrapped, e.g. in DDP)."""
+        return module
+
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        return optimizer
+
+    def module_to_device(self, module: Module) -> None:
+        module.to(self.root_device)
+
+    def batch_to_device(self, batch: Any, device: torch.device | None = None) -> Any:
+        return move_data_to_device(batch, device or self.root_device)
+
+    def process_dataloader(self, dataloader: Any) -> Any:
+        return dataloader
+
+    def unwrap_module(self, module: Module) -> Module:
+        """The user's module inside whatever ``setup_module`` wrapped it in."""
+        return module
+
+    # ---------------------------------------------------------------------------------------- training step
+    def backward(self, tensor: Tensor, module: Module | None, *args: Any, **kwargs: Any) -> None:
+        tensor = self.precision.pre_backward(tensor, module)
+        self.precision.backward(tensor, module, *args, **kwargs)
+        self.precision.post_backward(tensor, module)
+
+    def optimizer_step(self, optimizer: Any, **kwargs: Any) -> Any:
+        return self.precision.optimizer_step(optimizer, **kwargs)
+
+    def clip_gradients_norm(
+        self,
+        module: Module,
+        optimizer: Optimizer,
+        max_norm: float | int,
+        norm_type: float | int | str = 2.0,
+        error_if_nonfinite: bool = True,
+    ) -> Tensor:
+        self.precision.unscale_gradients(optimizer)
+        parameters = list(self.precision.main_params(optimizer))
+        return torch.nn.utils.clip_grad_norm_(
+            parameters, max_norm=max_norm, norm_type=float(norm_type), error_if_nonfinite=error_if_nonfinite
+        )
+
+    def clip_gradients_value(self, module: Module, optimizer: Optimizer, clip_val: float | int) -> None:
+        self.precision.unscale_gradients(optimizer)
+        torch.nn.utils.clip_grad_value_(list(self.precision.main_params(optimizer)), clip_value=clip_val)
+
+    # ---------------------------------------------------------------------------------------- collectives
+    @abstractmethod
+    def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
+        """Gather ``tensor`` from every process; the result is stacked along a new first dimension."""
+
+    @abstractmethod
+    def all_reduce(self, tensor: Tensor, group: Any | None = None, reduce_op: str | Any = "mean") -> Tensor:
+        """Reduce ``tensor`` across processes (``"mean"``, ``"sum"``, ``"max"``, ``"min"``, ...)."""
+
+    @abstractmethod
+    def barrier(self, name: str | None = None) -> None:
+        """Wait until every process reaches this point."""
+
+    @abstractmethod
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Send a picklable object from rank ``src`` to every process."""
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        return decision
+
+    # ---------------------------------------------------------------------------------------- checkpoints
+    def get_module_state_dict(self, module: Module) -> dict[str, Any]:
+        return self.unwrap_module(module).state_dict()
+
+    def load_module_state_dict(self, module: Module, state_dict: dict[str, Any], strict: bool = True) -> None:
+        self.unwrap_module(module).load_state_dict(state_dict, strict=strict)
+
+    def get_optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
+        return optimizer.state_dict()
+
+    def load_optimizer_state(self, optimizer: Optimizer, state: dict[str, Any]) -> None:
+        optimizer.load_state_dict(state)
+
+    def convert_state(self, state: dict[str, Any], filter: dict[str, Callable[[str, Any], bool]] | None = None) -> dict[str, Any]:
+        """Turn modules, optimizers and stateful objects into plain state dicts, applying ``filter``."""
+        converted: dict[str, Any] = {}
+        for key, obj in state.items():
+            if isinstance(obj, Module):
+                value = self.get_module_state_dict(obj)
+            elif isinstance(obj, Optimizer):
+                value = self.get_optimizer_state(obj)
+            elif is_stateful(obj):
+                value = obj.state_dict()
+            else:
+                value = obj
+            if filter is not None and key in filter and isinstance(value, dict):
+                value = {k: v for k, v in value.items() if filter[key](k, v)}
+                if not value:
+                    continue
+            converted[key] = value
+        precision_state = self.precision.state_dict()
+        if precision_state:
+            converted[PRECISION_STATE_KEY] = precision_state
+        return converted
+
+    def save_checkpoint(
+        self,
+        path: str | Path,
+        state: dict[str, Any],
+        storage_options: Any | None = None,
+        filter: dict[str, Callable[[str, Any], bool]] | None = None,
+    ) -> None:
+        """Write ``state`` to ``path`` from global rank 0 (crash-safe through the checkpoint I/O)."""
+        converted = self.convert_state(state, filter)
+        if self.is_global_zero:
+            self.checkpoint_io.save_checkpoint(converted, path, storage_options=storage_options)
+
+    def read_checkpoint(self, path: str | Path, weights_only: bool | None = None) -> dict[str, Any]:
+        """Read a whole checkpoint into a dict; formats owned by plugins are read through a hook."""
+        from fabric_core.registry import get_registry
+
+        path = Path(path)
+        if path.is_dir():
+            loader = get_registry().hook.fabric_checkpoint_loader(path=path)
+            if loader is not None:
+                return loader(path, torch.device("cpu"))
+        return self.checkpoint_io.load_checkpoint(path, weights_only=weights_only)
+
+    def load_checkpoint(
+        self,
+        path: str | Path,
+        state: Module | Optimizer | dict[str, Any] | None = None,
+        strict: bool = True,
+        weights_only: bool | None = None,
+    ) -> dict[str, Any]:
+        """Restore ``state`` in place from ``path`` and return what the checkpoint holds beyond it."""
+        checkpoint = self.read_checkpoint(path, weights_only=weights_only)
+        precision_state = checkpoint.pop(PRECISION_STATE_KEY, None) if isinstance(checkpoint, dict) else None
+        if isinstance(state, Module):
+            self.load_module_state_dict(state, checkpoint, strict=strict)
+            return {}
+        if isinstance(state, Optimizer):
+            self.load_optimizer_state(state, checkpoint)
+            return {}
+        if not state:
+            if precision_state is not None:
+                checkpoint[PRECISION_STATE_KEY] = precision_state
+            return checkpoint
+        missing = [k for k in state if k not in checkpoint]
+        if strict and missing:
+            raise KeyError(
+                f"The requested state contains a key {missing[0]!r} that does not exist in the loaded checkpoint."
+                f" Keys in the checkpoint: {sorted(checkpoint)}. To disable strict loading, set `strict=False`."
+            )
+        for key, obj in list(state.items()):
+            if key not in checkpoint:
+                continue
+            value = checkpoint.pop(key)
+            if isinstance(obj, Module):
+                self.load_module_state_dict(obj, value, strict=strict)
+            elif isinstance(obj, Optimizer):
+                self.load_optimizer_state(obj, value)
+            elif is_stateful(obj):
+                obj.load_state_dict(value)
+            else:
+                state[key] = value
+        if precision_state is not None:
+            self.precision.load_state_dict(precision_state)
+        return checkpoint
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(device={self.root_device})"
+
+
+def iter_params(optimizers: Iterable[Optimizer]) -> Iterable[Tensor]:
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            yield from group["params"]

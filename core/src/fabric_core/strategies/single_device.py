@@ -1,0 +1,65 @@
+"""One process, one device: the strategy ``strategy="auto"`` picks for a single device."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from fabric_core.strategies.base import Strategy
+
+if TYPE_CHECKING:
+    from fabric_core.accelerators.base import Accelerator
+    from fabric_core.environments.base import ClusterEnvironment
+    from fabric_core.io.checkpoint_io import CheckpointIO
+    from fabric_core.precision.base import Precision
+
+
+class SingleDeviceStrategy(Strategy):
+    """Everything in this process on ``device``; collectives are identities."""
+
+    def __init__(
+        self,
+        device: str | torch.device | None = None,
+        accelerator: Accelerator | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        precision: Precision | None = None,
+    ) -> None:
+        super().__init__(accelerator=accelerator, checkpoint_io=checkpoint_io, precision=precision)
+        self._device = torch.device(device) if device is not None else None
+
+    def connect(
+        self,
+        *,
+        accelerator: Accelerator,
+        devices: list[torch.device],
+        num_nodes: int,
+        cluster_environment: ClusterEnvironment | None,
+        checkpoint_io: CheckpointIO | None,
+    ) -> None:
+        super().connect(
+            accelerator=accelerator,
+            devices=devices,
+            num_nodes=num_nodes,
+            cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io,
+        )
+        if self._device is None:
+            self._device = devices[0] if devices else torch.device("cpu")
+
+    @property
+    def root_device(self) -> torch.device:
+        return self._device if self._device is not None else torch.device("cpu")
+
+    def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
+        return tensor
+
+    def all_reduce(self, tensor: Tensor, group: Any | None = None, reduce_op: str | Any = "mean") -> Tensor:
+        return tensor
+
+    def barrier(self, name: str | None = None) -> None:
+        pass
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        return obj
