@@ -1,0 +1,452 @@
+"""Make a user's DataLoader distributed: pick a distributed sampler and rebuild the loader around it.
+
+A DataLoader's sampler cannot be swapped after construction, so the loader has to be created again with the same
+arguments. Those arguments are read back from instance attributes, or, for subclasses whose ``__init__`` takes
+arguments it does not store, from the constructor arguments recorded by :func:`capture_init_arguments`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+)
+
+__all__ = [
+    "DataLoaderRebuildError",
+    "DistributedSamplerWrapper",
+    "capture_init_arguments",
+    "distributed_sampler_for",
+    "needs_distributed_sampler",
+    "reinstantiate_dataloader",
+]
+
+_HINT_NO_SAMPLER = (
+    "Alternatively, pass `use_distributed_sampler=False` to `setup_dataloaders` and take care of splitting the data"
+    " across processes yourself."
+)
+
+
+class DataLoaderRebuildError(TypeError):
+    """Raised when a DataLoader (or batch sampler) cannot be re-created with a distributed sampler."""
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Distributed sampler over another sampler
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class _SamplerIndices:
+    """Indexable view of the indices a sampler yields, so ``DistributedSampler`` can shard them like a dataset."""
+
+    def __init__(self, sampler: Sampler) -> None:
+        self.sampler = sampler
+        self._indices: list[Any] | None = None
+
+    def refresh(self) -> None:
+        # Random samplers yield a new order every epoch, so the list is rebuilt before each pass.
+        self._indices = list(self.sampler)
+
+    def __len__(self) -> int:
+        return len(self.sampler)  # type: ignore[arg-type]
+
+    def __getitem__(self, position: int) -> Any:
+        if self._indices is None:
+            self.refresh()
+        assert self._indices is not None
+        return self._indices[position]
+
+
+def _check_finite_length(sampler: object) -> None:
+    try:
+        len(sampler)  # type: ignore[arg-type]
+    except (TypeError, NotImplementedError, OverflowError) as err:
+        raise TypeError(
+            "You seem to have configured a sampler in your DataLoader which does not provide `__len__` method (or"
+            f" its length is infinite): `{type(sampler).__name__}`. A distributed sampler has to know the number of"
+            " indices to split them evenly between processes. " + _HINT_NO_SAMPLER
+        ) from err
+
+
+class DistributedSamplerWrapper(DistributedSampler):
+    """A ``DistributedSampler`` that shards the indices yielded by another sampler instead of a dataset.
+
+    Each process gets a disjoint, equally long part of the wrapped sampler's output, so custom sampling strategies
+    (weighted, grouped, ...) keep working under data parallelism. The wrapped sampler is iterated again on every
+    ``__iter__`` so per-epoch randomness is preserved.
+    """
+
+    def __init__(
+        self,
+        sampler: Sampler,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        _check_finite_length(sampler)
+        super().__init__(
+            _SamplerIndices(sampler),  # type: ignore[arg-type]
+            num_replicas=num_replicas,
+            rank=rank,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+        )
+
+    @property
+    def sampler(self) -> Sampler:
+        """The wrapped sampler."""
+        return self.dataset.sampler  # type: ignore[attr-defined]
+
+    def __iter__(self) -> Iterator[Any]:
+        indices: _SamplerIndices = self.dataset  # type: ignore[assignment]
+        indices.refresh()
+        return (indices[position] for position in super().__iter__())
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the shuffling epoch here and in the wrapped sampler, so both reshuffle consistently across ranks."""
+        super().set_epoch(epoch)
+        forward = getattr(self.sampler, "set_epoch", None)
+        if callable(forward):
+            forward(epoch)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Choosing a sampler
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _effective_sampler(dataloader: DataLoader) -> Sampler:
+    """The sampler that really decides the order: the one inside a user-given batch sampler, if any.
+
+    With ``DataLoader(batch_sampler=...)`` the loader's own ``.sampler`` is a placeholder ``SequentialSampler``.
+    """
+    inner = getattr(dataloader.batch_sampler, "sampler", None)
+    return inner if inner is not None else dataloader.sampler
+
+
+def needs_distributed_sampler(dataloader: DataLoader) -> bool:
+    """Whether the data side of ``dataloader`` calls for a distributed sampler.
+
+    Iterable datasets have no sampler to replace, and an existing ``DistributedSampler`` means the user already
+    shards. Whether the strategy is distributed and ``use_distributed_sampler`` are for the caller to check.
+    """
+    if isinstance(dataloader.dataset, IterableDataset):
+        return False
+    return not isinstance(_effective_sampler(dataloader), DistributedSampler)
+
+
+def _is_plain_random_sampler(sampler: Sampler) -> bool:
+    # A RandomSampler drawing with replacement or a custom number of samples cannot be expressed as a
+    # DistributedSampler over the dataset; such samplers are wrapped instead.
+    return isinstance(sampler, RandomSampler) and not sampler.replacement and sampler._num_samples is None
+
+
+def distributed_sampler_for(
+    dataloader: DataLoader, num_replicas: int, rank: int, seed: int = 0
+) -> DistributedSampler | None:
+    """Return the distributed replacement for the sampler of ``dataloader``, or ``None`` to leave it alone.
+
+    Shuffling is inherited: only a ``RandomSampler`` leads to a shuffling distributed sampler. Default samplers are
+    replaced by a ``DistributedSampler`` over the dataset; any other sampler is sharded through
+    :class:`DistributedSamplerWrapper` so its sampling logic is kept.
+    """
+    if not needs_distributed_sampler(dataloader):
+        return None
+    old = _effective_sampler(dataloader)
+    shuffle = isinstance(old, RandomSampler)
+    if _is_plain_random_sampler(old) or isinstance(old, SequentialSampler):
+        return DistributedSampler(
+            dataloader.dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed
+        )
+    return DistributedSamplerWrapper(old, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Capturing constructor arguments
+# --------------------------------------------------------------------------------------------------------------------
+
+_ARGS_ATTR = "__fabric_init_args"
+_OWNER_ATTR = "__fabric_init_owner"
+_CAPTURE_BASES: tuple[type, ...] = (DataLoader, BatchSampler)
+
+_capture_lock = threading.RLock()
+_capture_depth = 0
+_patched_inits: list[tuple[type, Any]] = []
+_patched_hooks: list[tuple[type, Any]] = []
+
+
+def _init_owner(cls: type) -> type:
+    """The class whose ``__init__`` runs for instances of ``cls`` (the first in the MRO that defines one)."""
+    for klass in cls.__mro__:
+        if "__init__" in klass.__dict__:
+            return klass
+    return object
+
+
+def _all_subclasses(cls: type) -> list[type]:
+    seen: dict[type, None] = {cls: None}
+    stack = [cls]
+    while stack:
+        for sub in stack.pop().__subclasses__():
+            if sub not in seen:
+                seen[sub] = None
+                stack.append(sub)
+    return list(seen)
+
+
+def _patch_init(cls: type) -> None:
+    original = cls.__dict__["__init__"]
+
+    @functools.wraps(original)
+    def recording_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        # The outermost ``__init__`` runs first and is the one whose arguments re-create the object;
+        # the ``super().__init__`` calls it makes must not overwrite them.
+        state = getattr(self, "__dict__", None)
+        if state is not None and _ARGS_ATTR not in state:
+            state[_ARGS_ATTR] = (args, dict(kwargs))
+            state[_OWNER_ATTR] = cls
+        original(self, *args, **kwargs)
+
+    cls.__init__ = recording_init  # type: ignore[misc]
+    _patched_inits.append((cls, original))
+
+
+def _install_subclass_hook(base: type) -> None:
+    """Patch classes derived from ``base`` while capturing is active, e.g. a DataLoader defined inside ``launch``."""
+    original = base.__dict__.get("__init_subclass__")
+
+    def hook(cls: type, **kwargs: Any) -> None:
+        if original is not None:
+            original.__get__(None, cls)(**kwargs)
+        else:
+            super(base, cls).__init_subclass__(**kwargs)  # type: ignore[misc]
+        if "__init__" in cls.__dict__:
+            _patch_init(cls)
+
+    base.__init_subclass__ = classmethod(hook)  # type: ignore[assignment]
+    _patched_hooks.append((base, original))
+
+
+def _uninstall() -> None:
+    while _patched_hooks:
+        base, original = _patched_hooks.pop()
+        if original is None:
+            del base.__init_subclass__
+        else:
+            base.__init_subclass__ = original  # type: ignore[assignment]
+    while _patched_inits:
+        cls, original = _patched_inits.pop()
+        cls.__init__ = original  # type: ignore[misc]
+
+
+@contextmanager
+def capture_init_arguments() -> Iterator[None]:
+    """Record the constructor arguments of every DataLoader and BatchSampler (subclass) created inside the block.
+
+    Subclasses often take ``__init__`` arguments they do not keep as attributes, which makes them impossible to
+    re-create with a distributed sampler afterwards. While the block is active the ``__init__`` of these classes
+    (including subclasses defined inside the block) stores ``(args, kwargs)`` on the instance as
+    ``__fabric_init_args``. Nested use is allowed; the patches are removed when the outermost block exits.
+    """
+    global _capture_depth
+    with _capture_lock:
+        if _capture_depth == 0:
+            try:
+                for base in _CAPTURE_BASES:
+                    for cls in _all_subclasses(base):
+                        if "__init__" in cls.__dict__:
+                            _patch_init(cls)
+                    _install_subclass_hook(base)
+            except BaseException:
+                _uninstall()
+                raise
+        _capture_depth += 1
+    try:
+        yield
+    finally:
+        with _capture_lock:
+            _capture_depth -= 1
+            if _capture_depth == 0:
+                _uninstall()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Re-creating objects
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _init_signature(cls: type) -> inspect.Signature:
+    init = inspect.unwrap(_init_owner(cls).__dict__.get("__init__", object.__init__))
+    signature = inspect.signature(init)
+    params = list(signature.parameters.values())
+    if params and params[0].kind in (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    ):
+        params = params[1:]  # drop ``self``
+    return signature.replace(parameters=params)
+
+
+def _captured_arguments(obj: object, signature: inspect.Signature) -> inspect.BoundArguments | None:
+    state = getattr(obj, "__dict__", {})
+    if _ARGS_ATTR not in state or state.get(_OWNER_ATTR) is not _init_owner(type(obj)):
+        # Not captured, or captured by a parent ``__init__`` whose arguments do not match this class's signature.
+        return None
+    args, kwargs = state[_ARGS_ATTR]
+    try:
+        return signature.bind_partial(*args, **kwargs)
+    except TypeError:
+        return None
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    return a is b or (type(a) in (bool, int, float, str, type(None)) and type(a) is type(b) and a == b)
+
+
+def _arguments_from_attributes(
+    obj: object, signature: inspect.Signature, base: type
+) -> tuple[inspect.BoundArguments, list[str]]:
+    """Fill the constructor arguments from same-named attributes; return them and the required ones not found."""
+    bound = signature.bind_partial()
+    var_kw = next(
+        (p.name for p in signature.parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD), None
+    )
+    missing: list[str] = []
+    for param in signature.parameters.values():
+        if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            continue
+        try:
+            value = getattr(obj, param.name)
+        except Exception:
+            if param.default is inspect.Parameter.empty:
+                missing.append(param.name)
+            continue
+        if param.default is inspect.Parameter.empty or not _same_value(value, param.default):
+            bound.arguments[param.name] = value
+    if var_kw is not None and type(obj) is not base:
+        # ``**kwargs`` are most likely forwarded to the base class, so its arguments are recovered as well.
+        extra: dict[str, Any] = {}
+        for param in _init_signature(base).parameters.values():
+            if param.name in signature.parameters or param.kind in (
+                inspect.Parameter.VAR_POSITIONAL,
+                inspect.Parameter.VAR_KEYWORD,
+            ):
+                continue
+            try:
+                value = getattr(obj, param.name)
+            except Exception:
+                continue
+            if param.default is inspect.Parameter.empty or not _same_value(value, param.default):
+                extra[param.name] = value
+        if extra:
+            bound.arguments[var_kw] = extra
+    return bound, missing
+
+
+def _rebuild(obj: Any, base: type, overrides: dict[str, Any], required: tuple[str, ...], what: str) -> Any:
+    """Create a new ``type(obj)`` with the same constructor arguments, except for ``overrides``.
+
+    Keys in ``required`` must be accepted by the constructor; other overrides are only passed where accepted.
+    """
+    cls = type(obj)
+    signature = _init_signature(cls)
+    bound = _captured_arguments(obj, signature)
+    if bound is None:
+        bound, missing = _arguments_from_attributes(obj, signature, base)
+        missing = [name for name in missing if name not in overrides]
+        if missing:
+            raise DataLoaderRebuildError(
+                f"Trying to inject {what} into the `{cls.__name__}` instance, but it cannot be re-created: some of"
+                " its `__init__` arguments are not available as instance attributes. The missing attributes are"
+                f" {missing}. Store them as attributes with the same names, or create the `{cls.__name__}` inside"
+                " `fabric.launch(fn)` / `fabric.run()`, where constructor arguments are captured"
+                " (`capture_init_arguments()`). " + _HINT_NO_SAMPLER
+            )
+
+    params = signature.parameters
+    var_kw = next((p.name for p in params.values() if p.kind is inspect.Parameter.VAR_KEYWORD), None)
+    not_accepted = []
+    for name, value in overrides.items():
+        if name in params and params[name].kind not in (
+            inspect.Parameter.VAR_POSITIONAL,
+            inspect.Parameter.VAR_KEYWORD,
+        ):
+            bound.arguments[name] = value
+        elif var_kw is not None:
+            bound.arguments[var_kw] = {**bound.arguments.get(var_kw, {}), name: value}
+        elif name in required:
+            not_accepted.append(name)
+    if not_accepted:
+        raise DataLoaderRebuildError(
+            f"Trying to inject {what} into the `{cls.__name__}` instance, but its `__init__` does not accept the"
+            f" arguments {not_accepted} (neither by name nor through `**kwargs`). Add them to the signature and"
+            " forward them to the base class. " + _HINT_NO_SAMPLER
+        )
+    return cls(*bound.args, **bound.kwargs)
+
+
+def _rebuild_batch_sampler(batch_sampler: BatchSampler, sampler: Sampler) -> BatchSampler:
+    if type(batch_sampler) is BatchSampler:
+        return BatchSampler(sampler, batch_sampler.batch_size, batch_sampler.drop_last)
+    return _rebuild(
+        batch_sampler,
+        BatchSampler,
+        {"sampler": sampler},
+        required=("sampler",),
+        what="a (distributed) sampler",
+    )
+
+
+def reinstantiate_dataloader(dataloader: DataLoader, sampler: Sampler) -> DataLoader:
+    """Return a new loader of the same class and arguments as ``dataloader`` that draws indices from ``sampler``.
+
+    A plain ``BatchSampler`` (the default one, or one passed explicitly) is dropped and the loader rebuilds it from
+    ``batch_size``/``drop_last``; a ``BatchSampler`` subclass is re-created around ``sampler`` so its batching logic
+    is kept. Batch samplers that are not ``BatchSampler`` subclasses give no way to inject a sampler and raise.
+    """
+    batch_sampler = dataloader.batch_sampler
+    if batch_sampler is not None and not isinstance(batch_sampler, BatchSampler):
+        raise TypeError(
+            f"Cannot inject a (distributed) sampler into your batch sampler `{type(batch_sampler).__name__}`, because"
+            " it does not subclass PyTorch's `BatchSampler`. Either subclass `torch.utils.data.BatchSampler` (taking"
+            " the sampler as its `sampler` argument), or pass `use_distributed_sampler=False` to"
+            " `setup_dataloaders` and shard the indices inside your batch sampler yourself."
+        )
+
+    overrides: dict[str, Any]
+    if batch_sampler is None or type(batch_sampler) is BatchSampler:
+        overrides = {"sampler": sampler, "shuffle": False, "batch_sampler": None}
+        if batch_sampler is not None:
+            # Take the batching from the batch sampler: with ``batch_sampler=BatchSampler(...)`` the loader's own
+            # ``batch_size`` is None.
+            overrides["batch_size"] = batch_sampler.batch_size
+            overrides["drop_last"] = batch_sampler.drop_last
+        else:
+            overrides["batch_size"] = dataloader.batch_size
+            overrides["drop_last"] = dataloader.drop_last
+        required: tuple[str, ...] = ("sampler",)
+    else:
+        overrides = {
+            "sampler": None,
+            "shuffle": False,
+            "batch_sampler": _rebuild_batch_sampler(batch_sampler, sampler),
+            "batch_size": 1,
+            "drop_last": False,
+        }
+        required = ("batch_sampler",)
+    return _rebuild(dataloader, DataLoader, overrides, required=required, what="a (distributed) sampler")
