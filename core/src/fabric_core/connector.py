@@ -1,7 +1,8 @@
 """Turns ``Fabric(...)`` arguments into accelerator, strategy, precision, environment and launcher objects.
 
 Every decision that depends on what is installed goes through a hook (see :mod:`fabric_core.hookspecs`), so
-this module has no knowledge of any particular strategy family.
+this module has no knowledge of any particular strategy family. Importing it does not import torch (the CLI
+reads its constants); the base classes are imported when something is resolved.
 """
 
 from __future__ import annotations
@@ -9,14 +10,16 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fabric_core.accelerators.base import Accelerator
-from fabric_core.environments.base import ClusterEnvironment
-from fabric_core.io.checkpoint_io import CheckpointIO
-from fabric_core.precision.base import Precision
 from fabric_core.registry import KNOWN_DISTRIBUTIONS, Registry, get_registry
-from fabric_core.strategies.base import Strategy
+
+if TYPE_CHECKING:
+    from fabric_core.accelerators.base import Accelerator
+    from fabric_core.environments.base import ClusterEnvironment
+    from fabric_core.io.checkpoint_io import CheckpointIO
+    from fabric_core.precision.base import Precision
+    from fabric_core.strategies.base import Strategy
 
 #: Set by ``fabric run`` in every process it starts.
 CLI_FLAG = "FABRIC_CLI_USED"
@@ -56,6 +59,9 @@ def apply_cli_settings(args: dict[str, Any]) -> dict[str, Any]:
     """
     if not launched_by_cli():
         return args
+    from fabric_core.accelerators.base import Accelerator
+    from fabric_core.strategies.base import Strategy
+
     out = dict(args)
     for key, var in _CLI_SETTINGS.items():
         if var not in os.environ:
@@ -78,6 +84,10 @@ def apply_cli_settings(args: dict[str, Any]) -> dict[str, Any]:
 def _split_plugins(plugins: Any) -> tuple[Precision | None, ClusterEnvironment | None, CheckpointIO | None]:
     if plugins is None:
         return None, None, None
+    from fabric_core.environments.base import ClusterEnvironment
+    from fabric_core.io.checkpoint_io import CheckpointIO
+    from fabric_core.precision.base import Precision
+
     items = plugins if isinstance(plugins, (list, tuple)) else [plugins]
     found: dict[type, Any] = {}
     duplicates: list[str] = []
@@ -118,6 +128,8 @@ def _normalise_precision_name(registry: Registry, precision: Any) -> str:
 
 
 def resolve_accelerator(registry: Registry, accelerator: Any) -> Accelerator:
+    from fabric_core.accelerators.base import Accelerator
+
     if isinstance(accelerator, Accelerator):
         return accelerator
     if not isinstance(accelerator, str):
@@ -162,6 +174,8 @@ def resolve(
     plugins: Any,
 ) -> Resolved:
     """Resolve all arguments (after CLI overrides) in the order accelerator, environment, strategy, precision."""
+    from fabric_core.strategies.base import Strategy
+
     registry = get_registry()
     args = apply_cli_settings(
         {"accelerator": accelerator, "strategy": strategy, "devices": devices, "num_nodes": num_nodes, "precision": precision}
@@ -233,8 +247,14 @@ def resolve(
         checkpoint_io=checkpoint_io,
     )
 
-    if precision_plugin is None:
+    if precision_plugin is None and strategy_obj._precision is not None:
         precision_plugin = strategy_obj._precision
+        # A `precision=` flag that the strategy's own precision would silently override is a user error.
+        if precision is not None and _normalise_precision_name(registry, precision) != precision_plugin.precision:
+            raise ValueError(
+                f"precision set through both the strategy object ({precision_plugin!r}) and"
+                f" `precision={precision!r}`, choose one."
+            )
     if precision_plugin is None:
         canonical = _normalise_precision_name(registry, precision)
         precision_plugin = registry.hook.fabric_select_precision(

@@ -317,26 +317,35 @@ class Fabric:
 
     def _unwrap_compiled(self, module: Module, reapply: bool) -> tuple[Module, dict[str, Any] | None]:
         inner, kwargs = unwrap_compiled(module)
-        if kwargs is None or not reapply:
+        if inner is module or not reapply:
             return module, None
+        if kwargs is None:
+            # Re-compiling with torch's defaults (inductor) instead of the user's choice would be a silent change.
+            raise RuntimeError(
+                "Failed to determine the arguments that were used to compile the module. Call `torch.compile` on"
+                " the module returned by `fabric.setup(...)` instead, set `module._fabric_compile_kwargs = {...}`"
+                " on the compiled module, or pass `_reapply_compile=False`."
+            )
         return inner, kwargs
 
     def _move_model_to_device(self, module: Module, optimizers: list[Optimizer]) -> Module:
-        devices = {p.device for p in module.parameters()}
-        if len(devices) > 1:
-            names = {}
-            for name, p in module.named_parameters():
-                names.setdefault(p.device, name)
-            (d0, n0), (d1, n1) = list(names.items())[:2]
-            rank_zero_warn(
-                f"The model passed to `Fabric.setup()` has {len(devices)} parameters on different devices (for"
-                f" example {n0!r} on {d0} and {n1!r} on {d1}). Since `move_to_device=True`, all parameters will be"
-                f" moved to the new device. If this is not desired, set `Fabric.setup(..., move_to_device=False)`.",
-                category=PossibleUserWarning,
-            )
-        if any(p.is_meta for p in module.parameters()):
+        named = list(module.named_parameters())
+        if named:
+            first_name, first = named[0]
+            elsewhere = [(n, p.device) for n, p in named if p.device != first.device]
+            if elsewhere:
+                name, device = elsewhere[0]
+                rank_zero_warn(
+                    f"The model passed to `Fabric.setup()` has {len(elsewhere)} parameters on different devices (for"
+                    f" example {name!r} on {device} and {first_name!r} on {first.device}). Since"
+                    " `move_to_device=True`, all parameters will be moved to the new device. If this is not"
+                    " desired, set `Fabric.setup(..., move_to_device=False)`.",
+                    category=PossibleUserWarning,
+                )
+        if any(p.is_meta for _, p in named):
             return module  # materialised by the strategy (e.g. FSDP) shard by shard
-        self._accelerator.setup_device(self.device) if self._launched or not self._strategy.requires_launch else None
+        if self._launched or not self._strategy.requires_launch:
+            self._accelerator.setup_device(self.device)
         self._strategy.module_to_device(module)
         return module
 
@@ -393,8 +402,6 @@ class Fabric:
                 "You need to set up the model first before you can call `fabric.no_backward_sync()`:"
                 " `model = fabric.setup(model, ...)`"
             )
-        if self.world_size == 1 and not self._strategy.requires_launch:
-            return nullcontext()
         control = self._strategy.backward_sync_control
         if control is None:
             rank_zero_warn(

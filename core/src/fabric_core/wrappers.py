@@ -44,7 +44,8 @@ class FabricModule(Module):
     def __init__(self, forward_module: Module, strategy: Strategy, original_module: Module | None = None) -> None:
         super().__init__()
         self._forward_module = forward_module
-        self._original_module = original_module or forward_module
+        # `is None`, not `or`: an empty nn.Sequential/ModuleList is falsy.
+        self._original_module = original_module if original_module is not None else forward_module
         self._strategy = strategy
         self._forward_methods = set(_DEFAULT_FORWARD_METHODS)
         self._fabric_module_initialized = True
@@ -85,20 +86,30 @@ class FabricModule(Module):
 
     def _redirect_forward_call(self, name: str) -> Callable:
         """Call ``original.<name>`` *through* the strategy wrapper's forward, so hooks (DDP sync) still run."""
-        method = getattr(self._original_module, name)
-        original_forward = self._original_module.forward
+        original = self._original_module
+        method = getattr(original, name)
 
         @wraps(method)
         def call_forward_module(*args: Any, **kwargs: Any) -> Any:
+            # An instance-level `forward` shadows the class's; remember whether there was one to put back.
+            had_own_forward = "forward" in original.__dict__
+            own_forward = original.__dict__.get("forward")
+
+            def restore() -> None:
+                if had_own_forward:
+                    original.forward = own_forward  # type: ignore[method-assign]
+                else:
+                    original.__dict__.pop("forward", None)
+
             def patched(*a: Any, **kw: Any) -> Any:
-                self._original_module.forward = original_forward  # type: ignore[method-assign]
+                restore()  # nested calls of forward inside the method are the real forward again
                 return method(*a, **kw)
 
-            self._original_module.forward = patched  # type: ignore[method-assign]
+            original.forward = patched  # type: ignore[method-assign]
             try:
                 return self(*args, **kwargs)
             finally:
-                self._original_module.forward = original_forward  # type: ignore[method-assign]
+                restore()
 
         return call_forward_module
 
@@ -109,10 +120,10 @@ class FabricModule(Module):
         @wraps(method)
         def tracked(*args: Any, **kwargs: Any) -> Any:
             called: list[str] = []
+            # The root counts too: `self(x)` inside a method bypasses the strategy wrapper just the same.
             handles = [
                 m.register_forward_pre_hook(lambda mod, inp, _n=n: called.append(_n))
                 for n, m in self._original_module.named_modules()
-                if n
             ]
             try:
                 result = method(*args, **kwargs)
@@ -133,8 +144,9 @@ class FabricModule(Module):
     def __getattr__(self, name: str) -> Any:
         if "_fabric_module_initialized" not in self.__dict__:
             return super().__getattr__(name)
-        original = self.__dict__["_modules"].get("_original_module") or self.__dict__.get("_original_module")
-        forward_module = self.__dict__["_modules"].get("_forward_module")
+        modules = self.__dict__["_modules"]
+        original = modules["_original_module"] if "_original_module" in modules else self.__dict__.get("_original_module")
+        forward_module = modules.get("_forward_module")
         if name in self.__dict__.get("_forward_methods", ()) and forward_module is not original:
             return self._redirect_forward_call(name)
         try:
@@ -147,12 +159,27 @@ class FabricModule(Module):
         return attr
 
     def __setattr__(self, name: str, value: Any) -> None:
+        """New names go to the user's module; names the wrapper itself has stay on the wrapper (too).
+
+        A name that exists on the original module is set there, so properties, submodules and flags the user's
+        code reads keep working; a name that (also) exists on the wrapper, e.g. ``training``, is set on the
+        wrapper as well. ``forward`` and dunders only ever patch the wrapper instance.
+        """
         if not self.__dict__.get("_fabric_module_initialized", False):
             return super().__setattr__(name, value)
-        original = self._original_module
-        if name.startswith("__") or (hasattr(self, name) and not hasattr(original, name)) or name in self.__dict__:
+        if name.startswith("__") or name == "forward":
             return super().__setattr__(name, value)
-        setattr(original, name, value)
+        original = self._original_module
+        on_wrapper = (
+            name in self.__dict__
+            or hasattr(type(self), name)
+            or any(name in self.__dict__[d] for d in ("_parameters", "_buffers", "_modules"))
+        )
+        on_original = hasattr(original, name)
+        if on_original or not on_wrapper:
+            setattr(original, name, value)
+        if on_wrapper:
+            super().__setattr__(name, value)
 
     @property
     def device(self) -> torch.device:
@@ -209,11 +236,15 @@ class FabricOptimizer:
     """
 
     def __init__(self, optimizer: Optimizer, strategy: Strategy, callbacks: list[Any] | None = None) -> None:
-        self.__dict__ = optimizer.__dict__  # share state, param_groups, defaults ... with the real optimizer
-        self._optimizer = optimizer
-        self._strategy = strategy
-        self._callbacks = callbacks or []
-        self.__class__ = type("Fabric" + type(optimizer).__name__, (self.__class__, type(optimizer)), {})
+        # Share state, param_groups, defaults ... with the real optimizer, also after `load_state_dict` replaces
+        # them. The wrapper's own references live on its per-instance class, so nothing leaks into the user's
+        # optimizer (whose __dict__ this is): it stays picklable and free of a reference to the strategy.
+        self.__dict__ = optimizer.__dict__
+        self.__class__ = type(
+            "Fabric" + type(optimizer).__name__,
+            (self.__class__, type(optimizer)),
+            {"_optimizer": optimizer, "_strategy": strategy, "_callbacks": callbacks if callbacks is not None else []},
+        )
 
     @property
     def optimizer(self) -> Optimizer:
@@ -286,24 +317,69 @@ class FabricDataLoader:
 
 
 def unwrap_compiled(obj: Any) -> tuple[Any, dict[str, Any] | None]:
-    """Return the module inside a ``torch.compile`` wrapper and the arguments it was compiled with."""
+    """Return the module inside a ``torch.compile`` wrapper and the arguments it was compiled with.
+
+    A compiled module may carry its arguments in ``_fabric_compile_kwargs`` (set it when you build the wrapper
+    yourself); otherwise they are read back from the compiled wrapper. The arguments are ``None`` for an
+    uncompiled object, and also when they cannot be determined (the returned module then differs from ``obj``).
+    """
     if not _is_compiled(obj):
         return obj, None
     kwargs = getattr(obj, "_fabric_compile_kwargs", None)
     if kwargs is None:
         kwargs = _compile_kwargs_from_dynamo(obj)
-    return obj._orig_mod, kwargs
+    return obj._orig_mod, dict(kwargs) if kwargs is not None else None
 
 
-def _compile_kwargs_from_dynamo(obj: Any) -> dict[str, Any]:
-    """Recover ``torch.compile`` arguments from the compiled wrapper without patching torch at import."""
+def _compile_kwargs_from_dynamo(obj: Any) -> dict[str, Any] | None:
+    """Recover the ``torch.compile`` arguments from a compiled wrapper, without patching torch at import.
+
+    The backend sits at the end of a chain of dynamo callbacks linked by ``_torchdynamo_orig_backend``; torch's
+    own backend wrappers keep what ``mode``/``options``/``dynamic`` turned into. Returns ``None`` when the
+    structure is not recognised (a torch version that changed it).
+    """
+    context = getattr(obj, "dynamo_ctx", None)
+    backend = getattr(context, "callback", None)
+    for _ in range(16):
+        inner = getattr(backend, "_torchdynamo_orig_backend", None)
+        if inner is None:
+            break
+        backend = inner
+    if backend is None or not callable(backend):
+        return None
     kwargs: dict[str, Any] = {}
-    callback = getattr(obj, "_torchdynamo_orig_callable", None) or getattr(obj, "dynamo_ctx", None)
-    compiler = getattr(callback, "_torchdynamo_orig_backend", callback)
-    backend = getattr(compiler, "compiler_name", None) or getattr(compiler, "name", None)
-    if isinstance(backend, str):
+    kind = type(backend).__name__
+    if kind == "_TorchCompileInductorWrapper":
+        kwargs["backend"] = "inductor"
+        config = getattr(backend, "config", None)
+        if config:
+            kwargs["options"] = dict(config)  # what `mode` and `options` resolved to
+    elif kind == "_TorchCompileWrapper":
+        name = getattr(backend, "compiler_name", None)
+        compiler_fn = getattr(backend, "compiler_fn", None)
+        if compiler_fn is None:
+            return None
+        kwargs["backend"] = name if isinstance(name, str) and _is_registered_backend(name, compiler_fn) else compiler_fn
+        kwargs.update(getattr(backend, "kwargs", None) or {})  # `mode` / `options` given with a custom backend
+    else:
         kwargs["backend"] = backend
+    dynamic = getattr(backend, "dynamic", None)
+    if dynamic is None:
+        dynamic = getattr(context, "_dynamic", None)
+    if dynamic is not None:
+        kwargs["dynamic"] = dynamic
+    if getattr(context, "fullgraph", False):
+        kwargs["fullgraph"] = True
     return kwargs
+
+
+def _is_registered_backend(name: str, compiler_fn: Any) -> bool:
+    try:
+        from torch._dynamo.backends.registry import lookup_backend
+
+        return lookup_backend(name) is compiler_fn
+    except Exception:
+        return False
 
 
 def is_wrapped(obj: object) -> bool:

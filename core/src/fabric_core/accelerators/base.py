@@ -42,7 +42,7 @@ class Accelerator(ABC):
         if device.type != self.device_type:
             raise ValueError(f"Device should be {self.device_type.upper()}, got {device.type} instead.")
 
-    def teardown(self) -> None:
+    def teardown(self) -> None:  # noqa: B027 - optional hook, most accelerators hold nothing
         """Release what ``setup_device`` took."""
 
     def __repr__(self) -> str:

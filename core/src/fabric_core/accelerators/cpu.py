@@ -18,15 +18,16 @@ def parse_cpu_devices(devices: Any) -> int:
             f"`devices` selected with the CPU accelerator must be a positive int (number of processes),"
             f" but got {devices!r}."
         )
+    given = devices
     if isinstance(devices, str):
         text = devices.strip()
         if not text.lstrip("-").isdigit():
             raise TypeError(f"`devices={devices!r}` for the CPU accelerator must be a positive integer like '2'.")
         devices = int(text)
     if devices == 0:
-        raise ValueError("`Fabric(devices=0)` is not a valid input using the cpu accelerator: use devices >= 1.")
+        raise ValueError(f"`Fabric(devices={given!r})` is not a valid input using the cpu accelerator: use devices >= 1.")
     if devices < 0:
-        raise TypeError(f"`devices` selected with the CPU accelerator should be an int > 0, got {devices}.")
+        raise TypeError(f"`devices` selected with the CPU accelerator should be an int > 0, got {given!r}.")
     return devices
 
 

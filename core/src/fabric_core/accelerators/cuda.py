@@ -32,6 +32,11 @@ def parse_gpu_ids(devices: Any, available: int, kind: str = "GPU") -> list[int]:
     if isinstance(devices, int):
         if devices == 0:
             raise ValueError(f"`Fabric(devices=0)` is not a valid input using the {kind} accelerator.")
+        if devices < -1:
+            raise ValueError(
+                f"`Fabric(devices={devices})` is not a valid input using the {kind} accelerator: pass a count"
+                " > 0, -1 for all devices, or a list of device indices."
+            )
         ids = list(range(available)) if devices == -1 else list(range(devices))
     else:
         ids = [int(i) for i in devices]

@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+from torch.nn import Module
 
-from fabric_core.strategies.base import Strategy
+from fabric_core.strategies.base import BackwardSyncControl, Strategy
 
 if TYPE_CHECKING:
     from fabric_core.accelerators.base import Accelerator
     from fabric_core.environments.base import ClusterEnvironment
     from fabric_core.io.checkpoint_io import CheckpointIO
     from fabric_core.precision.base import Precision
+
+
+class _NothingToSync(BackwardSyncControl):
+    """One process has no gradients to synchronise, so skipping the sync is always honoured (silently)."""
+
+    def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager:
+        return nullcontext()
 
 
 class SingleDeviceStrategy(Strategy):
@@ -51,6 +60,10 @@ class SingleDeviceStrategy(Strategy):
     @property
     def root_device(self) -> torch.device:
         return self._device if self._device is not None else torch.device("cpu")
+
+    @property
+    def backward_sync_control(self) -> BackwardSyncControl:
+        return _NothingToSync()
 
     def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
         return tensor

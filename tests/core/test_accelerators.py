@@ -1,0 +1,168 @@
+"""Built-in accelerators: device parsing, availability, device setup, and how Fabric resolves them."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from fabric_core import Fabric
+from fabric_core.accelerators import Accelerator, CPUAccelerator, CUDAAccelerator, MPSAccelerator
+from fabric_core.accelerators.cpu import parse_cpu_devices
+from fabric_core.accelerators.cuda import parse_gpu_ids
+from fabric_core.registry import get_registry, reset_registry
+from fabric_core.utilities.rank_zero import set_rank
+
+
+@pytest.fixture(autouse=True)
+def core_only(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("FABRIC_DISABLE_PLUGIN_AUTOLOAD", "1")
+    for var in ("FABRIC_PLUGINS", "FABRIC_CLI_USED", "FABRIC_ACCELERATOR", "FABRIC_DEVICES", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(var, raising=False)
+    reset_registry()
+    set_rank(0)
+    yield
+    reset_registry()
+
+
+# ---------------------------------------------------------------------------------------------------- CPU
+
+
+@pytest.mark.parametrize(("devices", "count"), [("auto", 1), (1, 1), (3, 3), ("2", 2), (" 4 ", 4), ("1", 1)])
+def test_cpu_parse_devices(devices, count):
+    assert parse_cpu_devices(devices) == count
+    assert CPUAccelerator().parse_devices(devices) == [torch.device("cpu")] * count
+
+
+@pytest.mark.parametrize("devices", [0, "0", []])
+def test_cpu_zero_devices(devices):
+    with pytest.raises(ValueError, match=re.escape(f"`Fabric(devices={devices!r})` is not a valid input using the cpu")):
+        CPUAccelerator().parse_devices(devices)
+
+
+@pytest.mark.parametrize("devices", [-1, "-1", -3, [0], [0, 1], (1,), None, 1.0, True, "two", "1,2"])
+def test_cpu_devices_must_be_a_positive_count(devices):
+    with pytest.raises(TypeError, match="CPU accelerator"):
+        CPUAccelerator().parse_devices(devices)
+
+
+def test_cpu_accelerator_basics():
+    accelerator = CPUAccelerator()
+    assert accelerator.name == "cpu" and accelerator.device_type == "cpu"
+    assert accelerator.distributed_backend == "gloo"
+    assert CPUAccelerator.is_available() is True
+    assert CPUAccelerator.auto_device_count() == 1
+    accelerator.setup_device(torch.device("cpu"))
+    with pytest.raises(ValueError, match="Device should be CPU, got cuda instead."):
+        accelerator.setup_device(torch.device("cuda", 0))
+    accelerator.teardown()
+    assert isinstance(accelerator, Accelerator)
+
+
+# ---------------------------------------------------------------------------------------------------- GPU id parsing
+
+
+@pytest.mark.parametrize(
+    ("devices", "available", "ids"),
+    [
+        ("auto", 4, [0, 1, 2, 3]),
+        (2, 4, [0, 1]),
+        (-1, 3, [0, 1, 2]),
+        ("-1", 3, [0, 1, 2]),
+        ("2", 4, [0, 1]),
+        ("1, 3", 4, [1, 3]),
+        ("1,0", 2, [1, 0]),
+        ("0,", 1, [0]),
+        ([1, 3], 4, [1, 3]),
+        ((2,), 4, [2]),
+    ],
+)
+def test_parse_gpu_ids(devices, available, ids):
+    assert parse_gpu_ids(devices, available) == ids
+
+
+@pytest.mark.parametrize("devices", [0, "0", [], -2, "-2"])
+def test_parse_gpu_ids_invalid_values(devices):
+    with pytest.raises(ValueError, match="is not a valid input using the GPU accelerator"):
+        parse_gpu_ids(devices, 4)
+
+
+def test_parse_gpu_ids_errors():
+    with pytest.raises(TypeError, match="Device IDs \\(GPU\\) must be an int, a string, or a sequence of ints"):
+        parse_gpu_ids(1.5, 4)
+    with pytest.raises(TypeError, match="Device IDs"):
+        parse_gpu_ids(None, 4)
+    with pytest.raises(TypeError, match="Could not parse"):
+        parse_gpu_ids("x", 4)
+    with pytest.raises(ValueError, match="must be unique"):
+        parse_gpu_ids([0, 0], 4)
+    with pytest.raises(ValueError, match="You requested GPUs \\[0, 5\\], but this machine only has \\[0, 1\\]"):
+        parse_gpu_ids([0, 5], 2)
+    with pytest.raises(ValueError, match="only has"):
+        parse_gpu_ids(3, 2)
+    with pytest.raises(RuntimeError, match="GPUs requested but none are available."):
+        parse_gpu_ids(1, 0)
+
+
+def test_parse_gpu_ids_trusts_torchelastic(monkeypatch):
+    # Under torchrun each process may see one GPU while asking for the index of its own: skip the check.
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run")
+    assert parse_gpu_ids([3], 1) == [3]
+
+
+def test_cuda_and_mps_availability_here():
+    assert CUDAAccelerator.is_available() == (torch.cuda.is_available() and torch.cuda.device_count() > 0)
+    assert CUDAAccelerator.auto_device_count() == torch.cuda.device_count()
+    assert CUDAAccelerator.name == "cuda" and CUDAAccelerator.distributed_backend == "nccl"
+    assert MPSAccelerator.auto_device_count() == 1
+
+
+def test_mps_can_be_disabled(monkeypatch):
+    monkeypatch.setenv("DISABLE_MPS", "1")
+    assert MPSAccelerator.is_available() is False
+    with pytest.raises(RuntimeError, match="MPSs requested but none are available"):
+        MPSAccelerator().parse_devices(1)
+
+
+# ---------------------------------------------------------------------------------------------------- via Fabric
+
+
+def test_registry_has_the_core_accelerators():
+    assert get_registry().names("accelerator") == ["cpu", "cuda", "mps"]
+
+
+@pytest.mark.parametrize("name", ["cpu", "CPU", " cpu ", "auto"])
+def test_fabric_resolves_cpu(name):
+    if name == "auto" and (CUDAAccelerator.is_available() or MPSAccelerator.is_available()):
+        pytest.skip("auto picks a GPU on this machine")
+    fabric = Fabric(accelerator=name)
+    assert isinstance(fabric.accelerator, CPUAccelerator)
+    assert fabric.device == torch.device("cpu")
+
+
+def test_fabric_accepts_an_accelerator_instance():
+    accelerator = CPUAccelerator()
+    assert Fabric(accelerator=accelerator).accelerator is accelerator
+
+
+def test_fabric_rejects_other_accelerator_types():
+    with pytest.raises(TypeError, match="`accelerator` must be a name or an Accelerator instance"):
+        Fabric(accelerator=3)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_fabric_unavailable_cuda_lists_what_is_available():
+    with pytest.raises(RuntimeError, match="`CUDAAccelerator` can not run on your system.*\\['cpu'"):
+        Fabric(accelerator="cuda")
+
+
+def test_fabric_accelerator_from_a_missing_distribution():
+    for name in ("tpu", "xla"):
+        with pytest.raises(ValueError, match="invalid accelerator name.*pip install fabric-xla"):
+            Fabric(accelerator=name)
+
+
+def test_fabric_accelerator_typo():
+    with pytest.raises(ValueError, match="Did you mean 'cuda'\\?"):
+        Fabric(accelerator="cudaa")
