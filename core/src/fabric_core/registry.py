@@ -25,6 +25,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import os
+import re
 import sys
 import threading
 import warnings
@@ -184,6 +185,8 @@ class Registry:
     def __init__(self, plugin_manager: pluggy.PluginManager) -> None:
         self.plugin_manager = plugin_manager
         self.failures: list[PluginFailure] = []
+        #: distributions whose entry points were not loaded because autoloading is switched off.
+        self.skipped: list[str] = []
         self._entries: dict[str, dict[str, Entry]] = {kind: {} for kind in KINDS}
         self._aliases: dict[str, dict[str, str]] = {kind: {} for kind in KINDS}
         self.shadowed: list[Entry] = []
@@ -319,9 +322,14 @@ def _iter_entry_points() -> Iterator[Any]:
 def _autoload_allowed(ep: Any) -> bool:
     if os.environ.get("FABRIC_DISABLE_PLUGIN_AUTOLOAD", "").strip().lower() not in ("1", "true", "yes", "on"):
         return True
-    allowed = {n.strip().lower() for n in os.environ.get("FABRIC_PLUGINS", "").split(",") if n.strip()}
-    dist = (ep.dist.name if ep.dist else "").lower()
-    return ep.name.lower() in allowed or dist in allowed
+    allowed = {_normalise(n) for n in os.environ.get("FABRIC_PLUGINS", "").split(",") if n.strip()}
+    dist = _normalise(ep.dist.name if ep.dist else "")
+    return _normalise(ep.name) in allowed or dist in allowed
+
+
+def _normalise(name: str) -> str:
+    """Distribution names compare case-insensitively with ``-``, ``_`` and ``.`` equivalent (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name.strip()).lower()
 
 
 def build_registry(extra_plugins: tuple[Any, ...] = ()) -> Registry:
@@ -340,6 +348,7 @@ def build_registry(extra_plugins: tuple[Any, ...] = ()) -> Registry:
     providers[id(builtin)] = CORE_PROVIDER
     for ep in _iter_entry_points():
         if not _autoload_allowed(ep):
+            registry.skipped.append(ep.dist.name if ep.dist else ep.name)
             continue
         dist_name = ep.dist.name if ep.dist else ep.name
         dist_version = ep.dist.version if ep.dist else None
@@ -363,10 +372,13 @@ def build_registry(extra_plugins: tuple[Any, ...] = ()) -> Registry:
         pm.register(plugin)
         providers[id(plugin)] = (getattr(plugin, "__name__", type(plugin).__name__), None)
 
-    # Call each plugin's registration hooks separately, so a failing one is isolated and attributed.
+    # Call each plugin's registration hooks separately, so a failing one is isolated and attributed. The order
+    # is the documented load order (built-ins, distributions alphabetically, extras), which the conflict rule
+    # "first registration wins" relies on; pluggy's own call order is the reverse of registration.
+    position = {plugin_id: index for index, plugin_id in enumerate(providers)}
     for kind, hook_name in _REGISTRATION_HOOKS.items():
         hook = getattr(pm.hook, hook_name)
-        for impl in reversed(hook.get_hookimpls()):  # pluggy keeps them last-registered-first
+        for impl in sorted(hook.get_hookimpls(), key=lambda impl: position.get(id(impl.plugin), len(position))):
             dist, version = providers.get(id(impl.plugin), (impl.plugin_name, None))
             try:
                 impl.function(registrar=Registrar(registry, kind, dist, version))

@@ -1,0 +1,5 @@
+from fabric_core.strategies.single_device import SingleDeviceStrategy
+
+
+class GoodStrategy(SingleDeviceStrategy):
+    pass

@@ -1,0 +1,9 @@
+"""Claims the strategy names 'twin' (first registration wins) and 'replaced' (b overrides)."""
+
+from fabric_core.hookspecs import hookimpl
+
+
+@hookimpl
+def fabric_register_strategies(registrar):
+    registrar.add("twin", "fabric_conflict_b.strategy:StrategyB")
+    registrar.add("replaced", "fabric_conflict_b.strategy:StrategyB", override=True)

@@ -1,0 +1,197 @@
+"""The ``fabric`` command line: help, ``fabric plugins`` (table and JSON), ``python -m fabric_core``.
+
+Listings of really installed plugin distributions run the pip-generated console script in a subprocess
+(``plugin_sites`` fixture); formatting details are checked in-process on registries built from test plugins.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from importlib.metadata import distribution
+
+import pytest
+
+from fabric_core.accelerators.cpu import CPUAccelerator
+from fabric_core.cli import collect_plugins, format_table, main
+from fabric_core.hookspecs import hookimpl
+from fabric_core.registry import FabricPluginWarning, build_registry
+
+
+def _rows(table: str) -> dict[tuple[str, str], list[str]]:
+    """Table rows keyed by (kind, name); columns are separated by two or more spaces."""
+    rows = {}
+    for line in table.splitlines()[1:]:
+        if not line.strip():
+            break
+        cells = re.split(r"\s{2,}", line.strip())
+        rows[(cells[0], cells[1])] = cells
+    return rows
+
+
+def test_console_script_is_declared_by_fabric_core():
+    scripts = [ep for ep in distribution("fabric-core").entry_points if ep.group == "console_scripts"]
+    assert [(ep.name, ep.value) for ep in scripts] == [("fabric", "fabric_core.cli:main")]
+
+
+def test_help_lists_the_commands_without_importing_torch():
+    code = textwrap.dedent(
+        """
+        import sys
+        from fabric_core.cli import main
+        try:
+            main(["--help"])
+        except SystemExit as exit:
+            assert exit.code == 0, exit.code
+        assert "torch" not in sys.modules, "fabric --help must stay fast: it imported torch"
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: fabric ")
+    for command in ("plugins", "run", "consolidate"):
+        assert re.search(rf"^\s+{command}\b", done.stdout, re.MULTILINE), command
+
+
+def test_no_command_prints_help_and_fails(capsys):
+    assert main([]) == 2
+    assert "usage: fabric" in capsys.readouterr().out
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert re.fullmatch(r"fabric \(fabric-core\) \d+\.\d+\.\d+\S*\n", capsys.readouterr().out)
+
+
+def test_run_and_consolidate_are_wired(capsys):
+    if importlib.util.find_spec("fabric_core.cli_run") is None:
+        # Placeholder: an installation without the run module says so instead of "invalid choice".
+        assert main(["run", "script.py"]) == 1
+        assert "`fabric run` is not available" in capsys.readouterr().err
+    else:
+        with pytest.raises(SystemExit) as info:
+            main(["run", "--help"])
+        assert info.value.code == 0
+        assert "usage: fabric run" in capsys.readouterr().out
+
+
+def test_plugins_table_of_an_installed_distribution(plugin_sites):
+    done = plugin_sites.run("example", ["fabric", "plugins"])
+    assert done.returncode == 0, done.stderr
+    header = done.stdout.splitlines()[0].split()
+    assert header == ["KIND", "NAME", "ALIASES", "DISTRIBUTION", "VERSION", "STATUS", "DESCRIPTION"]
+    rows = _rows(done.stdout)
+    assert rows[("strategy", "example_single")][2:6] == [
+        "example_counting",
+        "fabric-example-plugin",
+        "0.3.1",
+        "not checked",
+    ]
+    assert rows[("precision", "32-true")][2:4] == ["32", "fabric-core"]
+    assert {kind for kind, _ in rows} == {"accelerator", "strategy", "precision", "launcher", "environment"}
+    assert "fabric plugins --check" in done.stdout
+
+
+def test_plugins_json_and_python_dash_m(plugin_sites):
+    script = plugin_sites.run(
+        "example", ["fabric", "plugins", "--json", "--kind", "strategy", "--kind", "precision"]
+    )
+    module = plugin_sites.run(
+        "example",
+        ["python", "-m", "fabric_core", "plugins", "--json", "--kind", "strategy", "--kind", "precision"],
+    )
+    assert script.returncode == 0 and module.returncode == 0, script.stderr + module.stderr
+    report = json.loads(script.stdout)
+    assert json.loads(module.stdout) == report
+    assert set(report) == {"fabric_core_version", "checked", "entries", "failures", "conflicts", "not_loaded"}
+    assert report["checked"] is False
+    assert {e["kind"] for e in report["entries"]} == {"strategy", "precision"}
+    example = next(e for e in report["entries"] if e["name"] == "example_single")
+    assert set(example) == {
+        "kind",
+        "name",
+        "aliases",
+        "distribution",
+        "version",
+        "target",
+        "description",
+        "status",
+        "error",
+    }
+    assert (example["distribution"], example["version"], example["status"]) == (
+        "fabric-example-plugin",
+        "0.3.1",
+        "not checked",
+    )
+
+
+def test_plugins_table_lists_failures_and_conflicts(plugin_sites):
+    done = plugin_sites.run("zoo", ["fabric", "plugins"])
+    assert done.returncode == 0, done.stderr  # listing works despite broken plugins; only --check fails
+    out = done.stdout
+    assert "strategy 'twin': using fabric-conflict-a, ignoring fabric-conflict-b" in out
+    assert "strategy 'replaced': using fabric-conflict-b, ignoring fabric-conflict-a" in out
+    assert re.search(
+        r"fabric-broken-import 1\.0\.0 .*ModuleNotFoundError: No module named 'fabric_missing_dependency_for_tests'",
+        out,
+    )
+    assert "fabric-hook-raises 2.0.0" in out and "registration exploded on purpose" in out
+    assert "FabricPluginWarning" not in done.stderr  # reported once, in the table, not as Python warnings
+
+
+class _Unavailable(CPUAccelerator):
+    @staticmethod
+    def is_available() -> bool:
+        return False
+
+
+class _Plugin:
+    @hookimpl
+    def fabric_register_accelerators(self, registrar):
+        registrar.add("never_here", _Unavailable, description="hardware this machine lacks")
+
+    @hookimpl
+    def fabric_register_strategies(self, registrar):
+        registrar.add(
+            "missing_module", "fabric_no_such_module.strategy:Strategy", description="cannot import"
+        )
+
+
+def test_check_reports_availability_and_import_errors(monkeypatch):
+    monkeypatch.setenv("FABRIC_DISABLE_PLUGIN_AUTOLOAD", "1")
+    registry = build_registry(extra_plugins=(_Plugin(),))
+    unchecked = collect_plugins(registry)
+    assert {e["status"] for e in unchecked["entries"]} == {"not checked"}
+
+    report = collect_plugins(registry, check=True, kinds=["accelerator", "strategy"])
+    status = {e["name"]: (e["status"], e["error"]) for e in report["entries"]}
+    assert status["cpu"] == ("available", None)
+    assert status["never_here"] == ("unavailable", None)
+    assert status["single_device"] == ("available", None)
+    assert status["missing_module"][0] == "error"
+    assert "ModuleNotFoundError: No module named 'fabric_no_such_module'" in status["missing_module"][1]
+    rows = _rows(format_table(report))
+    assert rows[("strategy", "missing_module")][5].startswith("error: ModuleNotFoundError")
+    assert rows[("accelerator", "never_here")][5] == "unavailable"
+
+
+def test_table_of_a_registry_with_a_conflict(monkeypatch):
+    class Twin:
+        @hookimpl
+        def fabric_register_strategies(self, registrar):
+            registrar.add("single_device", "somewhere:Else")
+
+    monkeypatch.setenv("FABRIC_DISABLE_PLUGIN_AUTOLOAD", "1")
+    with pytest.warns(FabricPluginWarning):
+        registry = build_registry(extra_plugins=(Twin(),))
+    report = collect_plugins(registry)
+    assert report["conflicts"] == [
+        {"kind": "strategy", "name": "single_device", "ignored": "Twin", "used": "fabric-core"}
+    ]
+    assert "strategy 'single_device': using fabric-core, ignoring Twin" in format_table(report)
