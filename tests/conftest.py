@@ -96,3 +96,19 @@ def plugin_sites(tmp_path_factory: pytest.TempPathFactory) -> PluginSites:
     root = root / "plugin-sites"
     root.mkdir(exist_ok=True)
     return PluginSites(root)
+
+
+@pytest.fixture
+def install_hint():
+    """The regex an install hint must match for ``dist``: installed-but-skipped (autoload off) or absent."""
+    import re
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    def expected(dist: str) -> str:
+        try:
+            distribution(dist)
+        except PackageNotFoundError:
+            return re.escape(f"pip install {dist}")
+        return re.escape(f"FABRIC_PLUGINS={dist}")
+
+    return expected

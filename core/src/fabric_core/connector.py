@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fabric_core.registry import KNOWN_DISTRIBUTIONS, Registry, get_registry
+from fabric_core.registry import Registry, get_registry
 
 if TYPE_CHECKING:
     from fabric_core.accelerators.base import Accelerator
@@ -118,12 +118,12 @@ def _normalise_precision_name(registry: Registry, precision: Any) -> str:
     if ("precision", key) in registry:
         return registry.canonical_name("precision", key)
     allowed = registry.all_names("precision")
-    for dist, kinds in KNOWN_DISTRIBUTIONS.items():
-        if key in kinds.get("precision", ()):
-            raise ValueError(
-                f"Precision {precision!r} is provided by a separate distribution: run `pip install {dist}`."
-                f" Installed precision values: ({', '.join(allowed)})."
-            )
+    dist = registry.distribution_for("precision", key)
+    if dist is not None:
+        raise ValueError(
+            f"Precision {precision!r} is not installed. {registry.install_hint(dist)}"
+            f" Installed precision values: ({', '.join(allowed)})."
+        )
     raise ValueError(f"Precision {precision!r} is invalid. Allowed precision values: ({', '.join(allowed)}).")
 
 
@@ -232,8 +232,8 @@ def resolve(
             if answer is None:
                 raise ValueError(
                     f"No installed strategy can run {len(device_list)} device(s) on {num_nodes} node(s) with the"
-                    f" {accelerator_obj.name} accelerator. Install a parallel strategy plugin: run"
-                    " `pip install fabric-ddp`, or pass `devices=1`."
+                    f" {accelerator_obj.name} accelerator. A parallel strategy plugin is needed:"
+                    f" {registry.install_hint('fabric-ddp')} Or pass `devices=1`."
                 )
             strategy_obj = answer if isinstance(answer, Strategy) else registry.create("strategy", answer)
         else:

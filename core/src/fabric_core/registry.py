@@ -259,19 +259,33 @@ class Registry:
             return entry
         raise ValueError(self.unknown_name_message(kind, name))
 
+    def distribution_for(self, kind: str, name: Any) -> str | None:
+        """The distribution of this project that provides ``name``, when it is one of ours."""
+        key = str(name).lower()
+        for dist, kinds in KNOWN_DISTRIBUTIONS.items():
+            if key in kinds.get(kind, ()) or (kind == "strategy" and dist == "fabric-deepspeed" and key.startswith("deepspeed")):
+                return dist
+        return None
+
+    def install_hint(self, dist: str) -> str:
+        """Why ``dist``'s names are missing and what to do: failed to load, skipped by the switch, or absent."""
+        failures = [f for f in self.failures if _normalise(f.distribution) == _normalise(dist)]
+        if failures:
+            return f"It is provided by `{dist}`, which is installed but failed to load: {failures[0].describe()}"
+        if any(_normalise(s) == _normalise(dist) for s in self.skipped):
+            return (
+                f"It is provided by `{dist}`, which is installed but was not loaded because"
+                f" FABRIC_DISABLE_PLUGIN_AUTOLOAD=1: add it with FABRIC_PLUGINS={dist}."
+            )
+        return f"It is provided by a separate distribution: run `pip install {dist}`."
+
     def unknown_name_message(self, kind: str, name: Any) -> str:
         key = str(name).lower()
         available = self.all_names(kind)
         message = f"You selected an invalid {kind} name: `{kind}={name!r}`."
-        for dist, kinds in KNOWN_DISTRIBUTIONS.items():
-            if key in kinds.get(kind, ()) or (kind == "strategy" and dist == "fabric-deepspeed" and key.startswith("deepspeed")):
-                failures = [f for f in self.failures if f.distribution == dist]
-                if failures:
-                    return (
-                        f"{message} It is provided by `{dist}`, which is installed but failed to load:"
-                        f" {failures[0].describe()}"
-                    )
-                return f"{message} It is provided by a separate distribution: run `pip install {dist}`."
+        dist = self.distribution_for(kind, name)
+        if dist is not None:
+            return f"{message} {self.install_hint(dist)}"
         close = difflib.get_close_matches(key, available, n=1, cutoff=0.5)
         if close:
             message += f" Did you mean {close[0]!r}?"
