@@ -236,6 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
     cli_run = _load_cli_run()
     if cli_run is not None:
         cli_run.add_run_parser(subparsers)
+    if "consolidate" not in subparsers.choices:  # format-agnostic: reads through the checkpoint-loader hook
+        from fabric_core.cli_consolidate import add_consolidate_parser
+
+        add_consolidate_parser(subparsers)
     for name in ("run", "consolidate"):
         if name not in subparsers.choices:  # keep the documented commands visible, with a clear error
             placeholder = subparsers.add_parser(

@@ -1,0 +1,102 @@
+"""``fabric consolidate CHECKPOINT_DIR [--output_file PATH]``: one ``torch.load``-able file from a checkpoint folder.
+
+The core knows no sharded format. It asks the ``fabric_checkpoint_loader`` hook which installed plugin can
+read the folder (fabric-fsdp reads its sharded checkpoints, a DeepSpeed plugin could read its own), loads it
+in this one process with that plugin's reader, and writes the result with the core's crash-safe
+:func:`~fabric_core.io.checkpoint_io.atomic_save`. So a new checkpoint format gets ``consolidate`` for free by
+implementing the hook, and the CLI has no plugin knowledge.
+
+Errors (missing folder, not a folder, a format no plugin recognises, an existing output) print one line on
+stderr and exit with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+SUFFIX = ".consolidated"
+
+
+def add_consolidate_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``consolidate`` sub-command to the ``fabric`` parser."""
+    parser = subparsers.add_parser(
+        "consolidate",
+        help="convert a sharded checkpoint folder (e.g. FSDP) into a single checkpoint file",
+        description=(
+            "Read a checkpoint folder written by a sharding strategy (for example `Fabric(strategy='fsdp')`) in"
+            " this one process and save it as a single file that `torch.load` and every strategy can read. The"
+            " installed plugin that owns the format does the reading. Needs enough memory for the full model"
+            " and optimizer state."
+        ),
+    )
+    parser.add_argument("checkpoint_folder", metavar="CHECKPOINT_DIR", help="the checkpoint folder to convert")
+    parser.add_argument(
+        "--output_file",
+        "--output-file",
+        dest="output_file",
+        default=None,
+        help=f"where to write the file (default: CHECKPOINT_DIR{SUFFIX}); must not exist yet",
+    )
+    parser.set_defaults(handler=consolidate_main)
+    return parser
+
+
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 1
+
+
+def consolidate_main(args: argparse.Namespace) -> int:
+    """Convert ``args.checkpoint_folder`` into ``args.output_file``; returns the exit status."""
+    folder = Path(args.checkpoint_folder)
+    if not folder.exists():
+        return _fail(f"The provided checkpoint folder does not exist: {str(folder)!r}.")
+    if not folder.is_dir():
+        return _fail(
+            f"The provided checkpoint path {str(folder)!r} is a file, not a folder: it is already a single"
+            " checkpoint file and needs no consolidation."
+        )
+    output = Path(args.output_file) if args.output_file else folder.with_name(folder.resolve().name + SUFFIX)
+    if output.exists():
+        return _fail(
+            f"The path for the converted checkpoint already exists: {str(output)!r}. Remove it or pass another"
+            " `--output_file`."
+        )
+
+    from fabric_core.registry import get_registry
+
+    loader = get_registry().hook.fabric_checkpoint_loader(path=folder)
+    if loader is None:
+        return _fail(
+            f"{str(folder)!r} is not a checkpoint folder that an installed plugin can read. Sharded checkpoints"
+            " saved with `Fabric(strategy='fsdp')` are read by fabric-fsdp (`pip install fabric-fsdp`);"
+            " `fabric plugins` lists what is installed."
+        )
+
+    import torch
+
+    from fabric_core.io.checkpoint_io import atomic_save
+
+    try:
+        checkpoint = loader(folder, torch.device("cpu"))
+    except Exception as err:
+        return _fail(f"Could not read the checkpoint folder {str(folder)!r}: {type(err).__name__}: {err}")
+    atomic_save(checkpoint, output)
+    print(f"Consolidated {str(folder)!r} into {str(output)!r}.")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m fabric_core.cli_consolidate CHECKPOINT_DIR [--output_file PATH]``."""
+    parser = argparse.ArgumentParser(prog="fabric")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    add_consolidate_parser(subparsers)
+    args = parser.parse_args(["consolidate", *(sys.argv[1:] if argv is None else argv)])
+    return consolidate_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""fabric-fsdp: fully sharded data parallel training (PyTorch FSDP2) for fabric-core.
+
+``Fabric(strategy="fsdp")`` works once this distribution is installed; the classes are importable from here
+for users who want to configure them (``FSDPStrategy(auto_wrap_policy={Block}, state_dict_type="full")``).
+Imports are lazy so that discovering the plugin never pulls in ``torch.distributed``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fabric_fsdp.checkpoint import load_sharded_checkpoint
+    from fabric_fsdp.precision import FSDPPrecision
+    from fabric_fsdp.strategy import FSDPStrategy
+
+__all__ = ["FSDPPrecision", "FSDPStrategy", "load_sharded_checkpoint"]
+__version__ = "0.1.0"
+
+_LAZY = {
+    "FSDPStrategy": "fabric_fsdp.strategy",
+    "FSDPPrecision": "fabric_fsdp.precision",
+    "load_sharded_checkpoint": "fabric_fsdp.checkpoint",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fabric_fsdp' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
