@@ -98,6 +98,8 @@ def fabric_auto_strategy(
 
 @hookimpl(trylast=True)
 def fabric_select_precision(registry: Registry, precision: str, strategy: Strategy, accelerator: Accelerator) -> Any:
+    if ("precision", precision) not in registry:
+        return None  # the resolver explains what is missing (e.g. `pip install fabric-amp`)
     return registry.create("precision", precision)
 
 

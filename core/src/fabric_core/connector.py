@@ -127,6 +127,20 @@ def _normalise_precision_name(registry: Registry, precision: Any) -> str:
     raise ValueError(f"Precision {precision!r} is invalid. Allowed precision values: ({', '.join(allowed)}).")
 
 
+def _select_precision(registry: Registry, precision: Any, strategy: Strategy, accelerator: Accelerator) -> Precision:
+    """Ask the hook for the precision object. A name no registered precision knows still goes to the hook
+    first, so a strategy plugin can serve its own precisions (FSDP's bf16-mixed without fabric-amp)."""
+    key = "32-true" if precision is None else str(precision).strip().lower()
+    name = _normalise_precision_name(registry, precision) if ("precision", key) in registry else key
+    answer = registry.hook.fabric_select_precision(
+        registry=registry, precision=name, strategy=strategy, accelerator=accelerator
+    )
+    if answer is None:
+        _normalise_precision_name(registry, precision)  # raises the error that explains what is missing
+        raise ValueError(f"No installed plugin provides precision {precision!r} for {type(strategy).__name__}.")
+    return answer
+
+
 def resolve_accelerator(registry: Registry, accelerator: Any) -> Accelerator:
     from fabric_core.accelerators.base import Accelerator
 
@@ -256,10 +270,7 @@ def resolve(
                 f" `precision={precision!r}`, choose one."
             )
     if precision_plugin is None:
-        canonical = _normalise_precision_name(registry, precision)
-        precision_plugin = registry.hook.fabric_select_precision(
-            registry=registry, precision=canonical, strategy=strategy_obj, accelerator=accelerator_obj
-        )
+        precision_plugin = _select_precision(registry, precision, strategy_obj, accelerator_obj)
     precision_plugin.configure(accelerator_obj.device_type)
     strategy_obj.precision = precision_plugin
 

@@ -128,7 +128,9 @@ def fabric_select_precision(
 ) -> Precision | None:
     """Return the precision object that ``strategy`` needs for the canonical precision name ``precision``.
 
-    ``precision`` is already normalised (``"bf16-mixed"``, ``"32-true"``, ...). Strategy plugins that need
+    ``precision`` is normalised (``"bf16-mixed"``, ``"32-true"``, ...) when a registered precision knows the
+    name, otherwise it is the user's value lower-cased, so a strategy plugin can serve precision names that no
+    precision plugin registers (return ``None`` for names you do not serve). Strategy plugins that need
     their own precision type (FSDP, DeepSpeed, XLA) implement this with ``tryfirst=True`` and return ``None``
     for strategies that are not theirs. The core's default (``trylast``) builds the registered precision
     of that name. Raise ``ValueError`` for a combination the strategy cannot run.
