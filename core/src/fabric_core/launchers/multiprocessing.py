@@ -1,0 +1,223 @@
+"""Run a function in N new processes with ``multiprocessing`` (``ddp_spawn``, ``ddp_fork``, ``ddp_notebook``).
+
+Unlike the subprocess launcher, this one cannot re-run a script, so ``fabric.launch(fn)`` needs a function. It
+is what notebooks use (``fork`` needs no pickling and no ``__main__`` guard) and what users pick when they want
+the result of rank 0 back in the calling process.
+
+The calling process only waits: every rank, including rank 0, runs in a child. Rank 0's return value is moved
+to the CPU and sent back through a queue. If any worker fails, the others are terminated and the error is
+raised in the caller (``torch.multiprocessing``'s ``ProcessRaisedException``/``ProcessExitedException``, which
+carry the worker's traceback).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from fabric_core.launchers.base import Launcher
+
+if TYPE_CHECKING:
+    from fabric_core.strategies.base import Strategy
+
+_POLL_S = 0.05
+
+
+class MultiProcessingLauncher(Launcher):
+    """Start ``strategy.num_processes`` workers with the given ``multiprocessing`` start method.
+
+    Args:
+        strategy: the parallel strategy whose processes are started.
+        start_method: ``"spawn"`` (default; safe everywhere), ``"fork"`` (fast, works in notebooks, but unsafe
+            once CUDA is initialised) or ``"forkserver"``.
+    """
+
+    requires_function = True
+
+    def __init__(self, strategy: Strategy, start_method: str = "spawn") -> None:
+        super().__init__(strategy)
+        available = multiprocessing.get_all_start_methods()
+        if start_method not in available:
+            if start_method == "fork":
+                raise ValueError(
+                    "The start method 'fork' is not available on this platform, so process forking (strategies"
+                    " `ddp_fork` and `ddp_notebook`) is not supported. We recommend `Fabric(strategy='ddp_spawn')`"
+                    " instead."
+                )
+            raise ValueError(
+                f"The start method {start_method!r} is not available on this platform. Available start methods"
+                f" are: {available}."
+            )
+        self.start_method = start_method
+
+    @property
+    def is_interactive_compatible(self) -> bool:  # type: ignore[override]
+        # Spawned processes re-import __main__, which a notebook does not have; forked ones inherit it.
+        return self.start_method == "fork"
+
+    @property
+    def num_processes(self) -> int:
+        return int(getattr(self.strategy, "num_processes", 1))
+
+    def launch(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``function(*args, **kwargs)`` in every worker and return local rank 0's result (on the CPU)."""
+        import torch.multiprocessing as mp
+
+        if self.start_method == "fork":
+            _check_can_fork()
+        env = getattr(self.strategy, "cluster_environment", None)
+        if env is not None:
+            # Decide the rendezvous once, here, so all workers see the same (possibly freshly picked) port.
+            os.environ["MASTER_ADDR"] = env.main_address
+            os.environ["MASTER_PORT"] = str(env.main_port)
+        context = mp.get_context(self.start_method)
+        results = context.SimpleQueue()
+        state = _GlobalState.capture() if self.start_method != "fork" else None
+        process_context = mp.start_processes(
+            _worker,
+            args=(self.strategy, function, args, kwargs, results, state, os.getpid()),
+            nprocs=self.num_processes,
+            start_method=self.start_method,
+            join=False,
+        )
+        output: list[Any] = []
+        # Read while joining: a large result would otherwise block its worker on a full pipe forever.
+        while not process_context.join(timeout=_POLL_S):
+            if not output and not results.empty():
+                output.append(results.get())
+        if not output and not results.empty():
+            output.append(results.get())
+        return _deserialize(output[0]) if output else None
+
+
+def _check_can_fork() -> None:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        raise RuntimeError(
+            "Lightweight forking is not possible: CUDA was already initialised in this process, and CUDA cannot be"
+            " re-initialized in forked subprocesses. Avoid touching CUDA (e.g. `torch.cuda.*`, moving tensors to"
+            " the GPU) before `fabric.launch()`, or use `strategy='ddp_spawn'`."
+        )
+
+
+def _worker(
+    process_idx: int,
+    strategy: Strategy,
+    function: Callable[..., Any],
+    args: tuple,
+    kwargs: dict[str, Any],
+    results: Any,
+    state: _GlobalState | None,
+    caller_pid: int,
+) -> None:
+    """What each worker runs: take its rank, restore the caller's global state, run, report rank 0's result."""
+    from fabric_core.launchers.subprocess_script import die_with_parent
+
+    # No orphans: if the caller is killed, its workers go too (a forkserver is their parent: do not compare).
+    die_with_parent(caller_pid if os.getppid() == caller_pid else None)
+    if state is not None:
+        state.restore()
+        # Tensors that travelled through spawn's pickling live in shared memory, so every worker would train
+        # the *same* CPU parameters; give each worker its own copy.
+        args, kwargs = _unshare_modules((args, kwargs))
+    os.environ["LOCAL_RANK"] = str(process_idx)
+    env = getattr(strategy, "cluster_environment", None)
+    if env is not None:
+        num_processes = int(getattr(strategy, "num_processes", 1))
+        env.set_global_rank(env.node_rank() * num_processes + process_idx)
+        env.set_world_size(strategy.num_nodes * num_processes)
+    result = function(*args, **kwargs)
+    if process_idx == 0:
+        results.put(_serialize(result))
+
+
+def _serialize(result: Any) -> bytes:
+    """Rank 0's result as bytes on the CPU.
+
+    Tensors put on a ``torch.multiprocessing`` queue travel as shared-memory handles that die with the worker,
+    and the worker exits right after sending; plain bytes have no such lifetime.
+    """
+    import io
+
+    import torch
+
+    from fabric_core.utilities.apply import move_data_to_device
+
+    buffer = io.BytesIO()
+    torch.save(move_data_to_device(result, "cpu"), buffer)
+    return buffer.getvalue()
+
+
+def _deserialize(data: bytes) -> Any:
+    import io
+
+    import torch
+
+    return torch.load(io.BytesIO(data), weights_only=False)  # written a moment ago by our own worker
+
+
+def _unshare_modules(data: Any) -> Any:
+    import torch
+    from torch.nn import Module
+
+    from fabric_core.utilities.apply import apply_to_collection
+
+    def unshare(module: Module) -> Module:
+        with torch.no_grad():
+            for tensor in [*module.parameters(), *module.buffers()]:
+                if tensor.device.type == "cpu" and tensor.is_shared():
+                    tensor.data = tensor.data.clone()
+        return module
+
+    return apply_to_collection(data, Module, unshare)
+
+
+@dataclass
+class _GlobalState:
+    """Process-wide settings a spawned worker would otherwise lose (it starts from a fresh interpreter)."""
+
+    torch_rng: Any
+    python_rng: Any
+    numpy_rng: Any
+    deterministic: bool
+    deterministic_warn_only: bool
+    cudnn_benchmark: bool
+    cudnn_deterministic: bool
+
+    @classmethod
+    def capture(cls) -> _GlobalState:
+        import torch
+
+        try:
+            import numpy
+
+            numpy_rng = numpy.random.get_state()
+        except ImportError:
+            numpy_rng = None
+        return cls(
+            torch_rng=torch.get_rng_state(),
+            python_rng=random.getstate(),
+            numpy_rng=numpy_rng,
+            deterministic=torch.are_deterministic_algorithms_enabled(),
+            deterministic_warn_only=torch.is_deterministic_algorithms_warn_only_enabled(),
+            cudnn_benchmark=torch.backends.cudnn.benchmark,
+            cudnn_deterministic=torch.backends.cudnn.deterministic,
+        )
+
+    def restore(self) -> None:
+        import torch
+
+        torch.set_rng_state(self.torch_rng)
+        random.setstate(self.python_rng)
+        if self.numpy_rng is not None:
+            import numpy
+
+            numpy.random.set_state(self.numpy_rng)
+        torch.use_deterministic_algorithms(self.deterministic, warn_only=self.deterministic_warn_only)
+        torch.backends.cudnn.benchmark = self.cudnn_benchmark
+        torch.backends.cudnn.deterministic = self.cudnn_deterministic

@@ -1,0 +1,419 @@
+"""The default launcher of ``strategy="ddp"``: re-run the user's command once per extra local rank.
+
+The process the user started becomes local rank 0. It starts local ranks 1..N-1 by running the same command
+line again (``python script.py args`` or ``python -m module args``) with ``LOCAL_RANK`` and the rendezvous
+variables set, then runs the user's function itself. Re-running the script instead of forking keeps every rank
+identical to a normal run (no pickling, works with any code), which is why it is the default.
+
+The parent is responsible for the whole job, so nothing can hang or leak:
+
+* a watchdog thread polls the children; if one exits non-zero, the others are terminated (SIGTERM, then
+  SIGKILL after a grace period) and the parent leaves at once with that exit code;
+* an uncaught exception in the parent terminates the children right after its traceback is printed;
+* SIGINT and SIGTERM received by the parent are forwarded to every child;
+* at normal interpreter exit the parent waits for the children, so the job's exit status covers every rank;
+  before waiting it releases its process group, so a child still blocked on a collective that rank 0 will
+  never join fails at once instead of after the process-group timeout;
+* on Linux every child gets ``PR_SET_PDEATHSIG``: if the parent dies without cleaning up (``SIGKILL``, a
+  segfault), the kernel kills the children.
+
+Each child runs in its own process group, so terminating a rank also ends the processes it started (e.g.
+DataLoader workers), and a Ctrl-C in the terminal reaches the children once, through the parent.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import ctypes.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from fabric_core.launchers.base import Launcher
+
+if TYPE_CHECKING:
+    from fabric_core.strategies.base import Strategy
+
+#: Set to "1" in every process this launcher starts.
+CHILD_FLAG = "FABRIC_LAUNCHER_CHILD"
+#: Seconds between SIGTERM and SIGKILL when the job is torn down (override with FABRIC_TERMINATE_GRACE).
+DEFAULT_GRACE_S = 5.0
+_POLL_S = 0.05
+
+
+def script_command() -> list[str]:
+    """The command line that started this interpreter, ready to be run again for another rank."""
+    import __main__
+
+    spec = getattr(__main__, "__spec__", None)
+    if spec is not None and spec.name:
+        # `python -m pkg` runs `pkg.__main__`; `python -m pkg.__main__` is equivalent and always valid.
+        return [sys.executable, *_interpreter_flags(), "-m", spec.name, *sys.argv[1:]]
+    script = sys.argv[0] if sys.argv else ""
+    main_file = getattr(__main__, "__file__", None)
+    if main_file and script and os.path.basename(main_file) == os.path.basename(script):
+        script = main_file  # absolute since Python 3.9: still right if the script changed directory since
+    if not script or script == "-c" or not os.path.exists(script):
+        raise RuntimeError(
+            "The subprocess launcher of `strategy='ddp'` re-runs your script for the other ranks, but this process"
+            f" was not started from a script file (sys.argv[0]={script!r}). Run your code as `python script.py`,"
+            " use `fabric run`, or choose `strategy='ddp_spawn'` and pass a function to `fabric.launch()`."
+        )
+    # Console scripts made by pip are Python files too, so the interpreter can always run the file.
+    return [sys.executable, *_interpreter_flags(), os.path.abspath(script), *sys.argv[1:]]
+
+
+def _interpreter_flags() -> list[str]:
+    """Flags such as ``-X faulthandler`` or ``-W error`` that this interpreter was started with."""
+    flags = getattr(subprocess, "_args_from_interpreter_flags", None)  # what multiprocessing uses too
+    return list(flags()) if callable(flags) else []
+
+
+def _exit_code(returncode: int) -> int:
+    """A shell-style exit status: a child killed by signal N counts as 128 + N."""
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+def _grace_period() -> float:
+    try:
+        return float(os.environ.get("FABRIC_TERMINATE_GRACE", DEFAULT_GRACE_S))
+    except ValueError:
+        return DEFAULT_GRACE_S
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return libc.prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that asks Linux to SIGKILL the child when its parent dies, or ``None`` elsewhere.
+
+    libc is resolved here, in the parent, so the child only makes one foreign call between fork and exec.
+    """
+    prctl = _load_prctl()
+    if prctl is None:
+        return None
+    parent = os.getpid()
+
+    def set_pdeathsig() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return set_pdeathsig
+
+
+def die_with_parent(parent_pid: int | None = None) -> None:
+    """From inside a child: be SIGKILLed by Linux when the parent process dies (a no-op elsewhere)."""
+    prctl = _load_prctl()
+    if prctl is None:
+        return
+    prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if parent_pid is not None and os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+
+
+class _ChildGroup:
+    """The child processes of one launch, with the machinery that keeps them tied to the parent."""
+
+    def __init__(self, processes: list[subprocess.Popen], local_ranks: list[int]) -> None:
+        self.processes = processes
+        self.local_ranks = local_ranks
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._previous_handlers: dict[int, Any] = {}
+        self._previous_excepthook: Any = None
+        self._terminated = False
+        self._interrupts = 0
+        self._wakeup: tuple[socket.socket, socket.socket, int] | None = None
+
+    # ------------------------------------------------------------------------------------------------ teardown
+    def terminate(self, grace: float | None = None) -> None:
+        """SIGTERM every running child's process group, then SIGKILL what is left after ``grace`` seconds.
+
+        Runs once; later calls return immediately (the process groups may not exist any more).
+        """
+        self._stopping.set()
+        with self._lock:
+            if self._terminated:
+                return
+            self._terminated = True
+            grace = _grace_period() if grace is None else grace
+            running = [p for p in self.processes if p.poll() is None]
+            for process in running:
+                self._signal(process, signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            for process in running:
+                try:
+                    process.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+            for process in self.processes:
+                # Also after a clean exit: grandchildren left in the group (DataLoader workers) go too.
+                self._signal(process, signal.SIGKILL)
+            for process in self.processes:
+                try:
+                    process.wait(timeout=max(grace, 1.0))
+                except subprocess.TimeoutExpired:
+                    pass
+
+    @staticmethod
+    def _signal(process: subprocess.Popen, signum: int) -> None:
+        try:
+            if not hasattr(os, "killpg"):
+                raise OSError("no process groups on this platform")
+            os.killpg(process.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+        except OSError:
+            try:
+                process.send_signal(signum)
+            except OSError:
+                pass
+
+    def _abort(self, code: int, message: str) -> None:
+        """End the whole job now, from any thread: stop the children, then leave without unwinding."""
+        if self._stopping.is_set():
+            return
+        _flush()
+        sys.stderr.write(f"[fabric] {message}; terminating the remaining processes.\n")
+        _flush()
+        self.terminate()
+        _flush()
+        os._exit(code)
+
+    def _check(self) -> bool:
+        """Abort the job if a child failed; return whether any child is still running."""
+        alive = False
+        for rank, process in zip(self.local_ranks, self.processes):
+            code = process.poll()
+            if code is None:
+                alive = True
+            elif code != 0:
+                code = _exit_code(code)
+                self._abort(code, f"Local rank {rank} (pid {process.pid}) exited with code {code}")
+        return alive
+
+    # ------------------------------------------------------------------------------------------------ hooks
+    def install(self) -> None:
+        threading.Thread(target=self._watch, name="fabric-child-watchdog", daemon=True).start()
+        atexit.register(self._at_exit)
+        self._previous_excepthook = sys.excepthook
+        sys.excepthook = self._excepthook
+        if threading.current_thread() is threading.main_thread():
+            self._install_signal_handlers()
+
+    def _watch(self) -> None:
+        while not self._stopping.is_set() and self._check():
+            time.sleep(_POLL_S)
+
+    def _excepthook(self, exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+        previous = self._previous_excepthook or sys.__excepthook__
+        self._stopping.set()  # the children's deaths below are ours, not failures to report
+        try:
+            previous(exc_type, exc, tb)
+        finally:
+            _flush()
+            self.terminate()
+
+    # ------------------------------------------------------------------------------------------------ signals
+    def _install_signal_handlers(self) -> None:
+        """Forward SIGINT/SIGTERM to the children, even while the main thread is stuck in a collective.
+
+        A Python signal handler only runs when the main thread returns to the interpreter, which a rank blocked
+        in a C++ collective never does. Python's C-level handler also writes the signal number to the "wakeup
+        fd" at once, so a helper thread reading it reacts immediately; the Python-level handler then only has
+        to run what was installed before (e.g. raise ``KeyboardInterrupt``).
+        """
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous = signal.getsignal(signum)
+            if previous == signal.SIG_IGN:
+                continue  # the user (or nohup, or a background shell) chose to ignore it; so do we
+            self._previous_handlers[signum] = previous
+            signal.signal(signum, self._on_signal)
+        if not self._previous_handlers:
+            return
+        reader, writer = socket.socketpair()
+        writer.setblocking(False)
+        try:
+            old_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        except (ValueError, OSError):
+            reader.close()
+            writer.close()
+            return
+        self._wakeup = (reader, writer, old_fd)
+        threading.Thread(target=self._signal_thread, name="fabric-signal-forwarder", daemon=True).start()
+
+    def _signal_thread(self) -> None:
+        reader, _, old_fd = self._wakeup  # type: ignore[misc]
+        while True:
+            try:
+                data = reader.recv(64)
+            except OSError:
+                return
+            if not data:
+                return
+            if old_fd >= 0:  # keep a wakeup fd installed before ours (e.g. asyncio's) working
+                try:
+                    os.write(old_fd, data)
+                except OSError:
+                    pass
+            for signum in data:
+                if signum in self._previous_handlers:
+                    self._handle(signum)
+
+    def _handle(self, signum: int) -> None:
+        """Forward ``signum``; end the job now if its previous disposition was "terminate".
+
+        A second SIGINT also ends the job: the first one only raises ``KeyboardInterrupt``, which a rank stuck
+        in a collective never sees.
+        """
+        self._forward(signum)
+        if signum == signal.SIGINT:
+            self._interrupts += 1
+        if self._previous_handlers.get(signum) == signal.SIG_DFL or self._interrupts >= 2:
+            self.terminate()
+            _flush()
+            os._exit(128 + signum)
+        if signum == signal.SIGINT:
+            sys.stderr.write("[fabric] Interrupted; press Ctrl-C again to terminate all processes.\n")
+
+    def _forward(self, signum: int) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                self._signal(process, signum)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        previous = self._previous_handlers.get(signum)
+        if self._wakeup is None:
+            if callable(previous):
+                self._forward(signum)
+            else:
+                self._handle(signum)
+        if callable(previous):
+            previous(signum, frame)  # SIGINT: KeyboardInterrupt here; the children got theirs
+
+    def _at_exit(self) -> None:
+        if self._stopping.is_set():
+            self.terminate()
+            return
+        # Normal exit of rank 0: the job ends when every rank has ended, and fails if any rank failed. Rank 0
+        # has passed all its collectives, so a child still waiting in one can never finish: dropping the
+        # process group makes such a child fail now rather than at the process-group timeout.
+        _release_process_group()
+        while self._check():
+            time.sleep(_POLL_S)
+        self.terminate(grace=0.5)  # only sweeps leftover grandchildren
+
+
+def _release_process_group() -> None:
+    """Destroy this process's default process group, if any, without importing torch.distributed for it."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return
+    try:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:
+        pass
+
+
+class SubprocessScriptLauncher(Launcher):
+    """Start local ranks 1..N-1 as new runs of the user's command; run local rank 0 in this process.
+
+    Not usable from notebooks or ``python -i`` (there is no script to re-run): use ``ddp_notebook`` there.
+    """
+
+    requires_function = False
+    is_interactive_compatible = False
+
+    def __init__(self, strategy: Strategy) -> None:
+        super().__init__(strategy)
+        self.children: _ChildGroup | None = None
+
+    @property
+    def num_processes(self) -> int:
+        return int(getattr(self.strategy, "num_processes", 1))
+
+    def launch(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        env = getattr(self.strategy, "cluster_environment", None)
+        if self.children is None and env is not None and not env.creates_processes_externally:
+            self._start_children(env)
+        return function(*args, **kwargs)
+
+    def child_environment(self, env: Any, local_rank: int) -> dict[str, str]:
+        """The environment of the child for ``local_rank``: this process's plus the rendezvous variables."""
+        child = dict(os.environ)
+        node_rank = env.node_rank()
+        child.update(
+            {
+                "LOCAL_RANK": str(local_rank),
+                "NODE_RANK": str(node_rank),
+                "RANK": str(node_rank * self.num_processes + local_rank),
+                "WORLD_SIZE": str(self.strategy.num_nodes * self.num_processes),
+                "MASTER_ADDR": env.main_address,
+                "MASTER_PORT": str(env.main_port),
+                CHILD_FLAG: "1",
+            }
+        )
+        if "OMP_NUM_THREADS" not in os.environ:
+            child["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, self.num_processes)))
+        return child
+
+    def _start_children(self, env: Any, command: Sequence[str] | None = None) -> None:
+        command = list(command) if command is not None else script_command()
+        # Fix the rendezvous in this process first, so rank 0 and the children agree on the (free) port.
+        os.environ["MASTER_ADDR"] = env.main_address
+        os.environ["MASTER_PORT"] = str(env.main_port)
+        os.environ["NODE_RANK"] = str(env.node_rank())
+        os.environ["WORLD_SIZE"] = str(self.strategy.num_nodes * self.num_processes)
+        preexec = _parent_death_signal()
+        group_kwargs: dict[str, Any] = {}
+        if os.name == "posix":
+            group_kwargs = (
+                {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
+            )
+        processes: list[subprocess.Popen] = []
+        ranks = list(range(1, self.num_processes))
+        try:
+            for local_rank in ranks:
+                processes.append(
+                    subprocess.Popen(  # noqa: S603 (the user's own command line)
+                        command,
+                        env=self.child_environment(env, local_rank),
+                        preexec_fn=preexec,
+                        **group_kwargs,
+                    )
+                )
+        except BaseException:
+            _ChildGroup(processes, ranks[: len(processes)]).terminate(grace=1.0)
+            raise
+        # From now on this process is local rank 0: a later `launch()` must not start more children.
+        os.environ["LOCAL_RANK"] = "0"
+        self.children = _ChildGroup(processes, ranks)
+        if processes:
+            self.children.install()

@@ -1,0 +1,225 @@
+"""Data-parallel strategies: ``DistributedDataParallel`` (one process per device) and ``DataParallel``.
+
+Process-group handling, ranks and collectives come from the core's :class:`ParallelStrategy`; what is DDP
+specific is only how the module is wrapped, how gradient synchronisation is skipped, and how the wrapper is
+removed again for checkpoints.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+from torch.nn import DataParallel, Module
+from torch.nn.parallel import DistributedDataParallel
+
+from fabric_core.strategies.base import BackwardSyncControl
+from fabric_core.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
+from fabric_core.utilities import rank_zero
+
+if TYPE_CHECKING:
+    from fabric_core.accelerators.base import Accelerator
+    from fabric_core.environments.base import ClusterEnvironment
+    from fabric_core.io.checkpoint_io import CheckpointIO
+    from fabric_core.precision.base import Precision
+
+DP_ON_CPU_WARNING = "'dp' is not supported on CPUs, hence setting `strategy='ddp'`."
+
+
+def _reject_mps(accelerator: Accelerator) -> None:
+    if accelerator.device_type == "mps":
+        raise ValueError(
+            "You selected a strategy from the DDP family (`ddp`, `ddp_spawn`, `dp`, ...), but these strategies are"
+            " not supported on the MPS accelerator: PyTorch has no process-group backend for MPS. Use"
+            " `Fabric(accelerator='mps', devices=1)` or `accelerator='cpu'`."
+        )
+
+
+class _DDPBackwardSyncControl(BackwardSyncControl):
+    """``fabric.no_backward_sync(model)`` is DDP's ``no_sync()``: gradients stay local until it is left."""
+
+    def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager:
+        if not enabled:
+            return nullcontext()
+        if not isinstance(module, DistributedDataParallel):
+            raise TypeError(
+                "Blocking backward sync is only possible if the module passed to"
+                f" `{type(self).__name__}.no_backward_sync` is wrapped in `DistributedDataParallel`."
+                f" Got: {type(module).__name__}."
+            )
+        return module.no_sync()
+
+
+class DDPStrategy(ParallelStrategy):
+    """Replicate the model in every process and average gradients during backward (``DistributedDataParallel``).
+
+    Args:
+        start_method: ``"popen"`` (default: re-run the script for each extra local rank), ``"spawn"``,
+            ``"fork"`` or ``"forkserver"`` (run a function given to ``fabric.launch`` in new processes).
+        process_group_backend: ``"gloo"``/``"nccl"``/...; by default nccl on CUDA, gloo otherwise.
+        timeout: how long collectives may wait for the other ranks.
+        **ddp_kwargs: passed to ``torch.nn.parallel.DistributedDataParallel`` (``find_unused_parameters``,
+            ``static_graph``, ``gradient_as_bucket_view``, ``bucket_cap_mb``, ...).
+    """
+
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        precision: Precision | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = DEFAULT_TIMEOUT,
+        start_method: str = "popen",
+        **ddp_kwargs: Any,
+    ) -> None:
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io,
+            precision=precision,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+            start_method=start_method,
+        )
+        self._ddp_kwargs = ddp_kwargs
+        self._backward_sync = _DDPBackwardSyncControl()
+
+    def connect(self, *, accelerator: Accelerator, **kwargs: Any) -> None:
+        _reject_mps(accelerator)
+        super().connect(accelerator=accelerator, **kwargs)
+
+    @property
+    def ddp_kwargs(self) -> dict[str, Any]:
+        return dict(self._ddp_kwargs)
+
+    @property
+    def backward_sync_control(self) -> BackwardSyncControl:
+        return self._backward_sync
+
+    def setup_module(self, module: Module) -> DistributedDataParallel:
+        device = self.root_device
+        if device.type == "cuda":
+            # Build the wrapper on a side stream, so its initial parameter broadcast does not serialise with
+            # work already queued on the default stream.
+            with torch.cuda.stream(torch.cuda.Stream()):
+                return DistributedDataParallel(module, device_ids=[device.index], **self._ddp_kwargs)
+        return DistributedDataParallel(module, device_ids=None, **self._ddp_kwargs)
+
+    def unwrap_module(self, module: Module) -> Module:
+        return module.module if isinstance(module, DistributedDataParallel) else module
+
+    def __repr__(self) -> str:
+        return f"DDPStrategy(devices={self.num_processes}, num_nodes={self.num_nodes}, start_method={self.start_method!r})"
+
+
+class DataParallelStrategy(ParallelStrategy):
+    """One process drives several GPUs with ``torch.nn.DataParallel`` (splits each batch, gathers outputs).
+
+    Kept for compatibility; DDP is faster. There is nothing to launch and no process group; the collectives
+    are identities because there is only one process. On the CPU there are no devices to split over, so
+    ``strategy="dp"`` becomes DDP with a warning (see :meth:`connect`).
+    """
+
+    launcher_name = None
+    requires_launch = False
+
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        precision: Precision | None = None,
+    ) -> None:
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            checkpoint_io=checkpoint_io,
+            precision=precision,
+        )
+        self.launcher_name = None
+
+    def connect(self, *, accelerator: Accelerator, **kwargs: Any) -> None:
+        _reject_mps(accelerator)
+        if accelerator.device_type == "cpu":
+            # The registry builds a strategy before it knows the accelerator, so the CPU fallback happens here:
+            # this object turns into the DDP strategy it would have been with `strategy="ddp"`.
+            rank_zero.rank_zero_warn(DP_ON_CPU_WARNING)
+            self.__class__ = DDPStrategy
+            DDPStrategy.__init__(
+                self,  # type: ignore[arg-type]
+                accelerator=self._accelerator,
+                parallel_devices=self.parallel_devices,
+                checkpoint_io=self._checkpoint_io,
+                precision=self._precision,
+            )
+            DDPStrategy.connect(self, accelerator=accelerator, **kwargs)  # type: ignore[arg-type]
+            return
+        super().connect(accelerator=accelerator, **kwargs)
+
+    # One process: rank 0 of 1, whatever the cluster environment says.
+    @property
+    def global_rank(self) -> int:
+        return 0
+
+    @property
+    def local_rank(self) -> int:
+        return 0
+
+    @property
+    def node_rank(self) -> int:
+        return 0
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    @property
+    def root_device(self) -> torch.device:
+        return self.parallel_devices[0] if self.parallel_devices else torch.device("cpu")
+
+    @property
+    def distributed_sampler_kwargs(self) -> None:
+        return None  # every batch is split across the GPUs, so the data is not sharded
+
+    def set_world_ranks(self) -> None:
+        rank_zero.set_rank(0)
+
+    def setup_environment(self) -> None:
+        if self.accelerator is not None:
+            self.accelerator.setup_device(self.root_device)
+
+    def teardown(self) -> None:
+        if self.cluster_environment is not None:
+            self.cluster_environment.teardown()
+        super(ParallelStrategy, self).teardown()
+
+    def setup_module(self, module: Module) -> DataParallel:
+        device_ids = [d.index for d in self.parallel_devices or [] if d.type == "cuda"]
+        return DataParallel(module=module, device_ids=device_ids or None)
+
+    def unwrap_module(self, module: Module) -> Module:
+        return module.module if isinstance(module, DataParallel) else module
+
+    def all_reduce(self, tensor: Tensor, group: Any | None = None, reduce_op: str | Any = "mean") -> Tensor:
+        return tensor
+
+    def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
+        return tensor
+
+    def barrier(self, name: str | None = None) -> None:
+        pass
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        return obj
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        return decision
+
+    def __repr__(self) -> str:
+        return f"DataParallelStrategy(devices={self.parallel_devices})"

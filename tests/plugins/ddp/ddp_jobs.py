@@ -1,0 +1,158 @@
+"""Helpers for the fabric-ddp tests: run real multi-process jobs with a hard timeout and find leftovers.
+
+Every job starts in a new session. All processes it creates (launcher children, DataLoader workers) stay in that
+session, so "no orphans" is checked by looking for any live process of the session after the job ended, and a
+job that overruns its timeout is killed as a whole instead of hanging the test run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+# Variables a launcher or cluster would set; a job must start without any of them.
+_LAUNCH_VARS = (
+    "LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+    "MASTER_PORT", "OMP_NUM_THREADS", "PL_GLOBAL_SEED", "PL_SEED_WORKERS", "SLURM_NTASKS", "SLURM_JOB_NAME",
+    "LSB_JOBID", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
+)  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def job_env(**extra: str) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in _LAUNCH_VARS and not k.startswith(("FABRIC_", "TORCHELASTIC_", "PYTEST_", "SLURM_"))
+    }
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def fabric_command() -> list[str]:
+    """``fabric run`` as users type it (the console script), or the module form if the CLI is not wired."""
+    script = Path(sys.executable).parent / "fabric"
+    if script.exists() and importlib.util.find_spec("fabric_core.cli") is not None:
+        return [str(script), "run"]
+    return [sys.executable, "-m", "fabric_core.cli_run"]
+
+
+def session_processes(sid: int) -> list[int]:
+    """Live (non-zombie) processes of session ``sid``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+        state, session = fields[0], int(fields[3])
+        if session == sid and state not in ("Z", "X"):
+            found.append(int(entry))
+    return found
+
+
+def is_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2 :].split()[0] not in ("Z", "X")
+
+
+def wait_until(condition, timeout: float, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval)
+    return condition()
+
+
+def kill_session(sid: int) -> None:
+    for pid in session_processes(sid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@dataclass
+class Job:
+    """A running job: a process that leads its own session."""
+
+    process: subprocess.Popen
+    log: Path
+    started: float
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait(self, timeout: float) -> int:
+        """Wait for the job's main process; on timeout kill the whole session and fail the test."""
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_session(self.pid)
+            self.process.wait(timeout=10)
+            pytest.fail(f"job did not end within {timeout} s; output:\n{self.output()[-4000:]}")
+
+    def leftovers(self, timeout: float = 10.0) -> list[int]:
+        """Processes of the job still alive ``timeout`` seconds after its main process ended (then killed)."""
+        wait_until(lambda: not session_processes(self.pid), timeout)
+        left = session_processes(self.pid)
+        kill_session(self.pid)
+        return left
+
+
+def start_job(
+    command: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> Job:
+    handle = open(log, "w")
+    try:
+        process = subprocess.Popen(
+            [str(c) for c in command],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env=env if env is not None else job_env(),
+            cwd=cwd,
+            start_new_session=True,
+        )
+    finally:
+        handle.close()
+    return Job(process, log, time.monotonic())
+
+
+def run_job(
+    command: list[str], log: Path, timeout: float, env: dict[str, str] | None = None
+) -> tuple[Job, int]:
+    """Run a job to completion (bounded by ``timeout``), check it left nothing behind; return it and its code."""
+    job = start_job(command, log, env)
+    code = job.wait(timeout)
+    assert not job.leftovers(), f"processes left behind by {command}:\n{job.output()[-3000:]}"
+    return job, code
