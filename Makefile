@@ -3,8 +3,8 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# core first, then every plugin distribution; each has its own pyproject.toml.
-DISTS := core $(sort $(dir $(wildcard plugins/*/pyproject.toml)))
+# core first, then every plugin distribution (each has its own pyproject.toml); new plugins join this list.
+DISTS := core plugins/ddp plugins/amp plugins/fsdp
 STAMP := $(VENV)/.installed
 PYTEST_WORKERS ?= 2
 
@@ -28,8 +28,16 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check core plugins tests examples benchmarks
 
+# lightning-fabric is an optional comparator: installed without its dependencies (so pip cannot swap the pinned
+# torch), plus the small ones it needs; a failed install only drops it from the comparison. `make bench
+# BENCH_ARGS=--quick` for a short run.
 bench: $(STAMP)
-	$(BIN)/python -m benchmarks
+	@$(BIN)/python -c "import lightning_fabric" 2>/dev/null || \
+		$(BIN)/python -m pip install --quiet --no-deps lightning-fabric lightning-utilities fsspec packaging typing-extensions || \
+		echo "lightning-fabric could not be installed: benchmarking without it"
+	@$(BIN)/python -c "import re, torch; pin = re.search(r'^torch==(\S+)', open('requirements-dev.txt').read(), re.M).group(1); \
+		assert torch.__version__.split('+')[0] == pin, f'torch is {torch.__version__}, requirements-dev.txt pins {pin}'"
+	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) demo_output

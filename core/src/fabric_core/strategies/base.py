@@ -295,14 +295,26 @@ class Strategy(ABC):
     def load_optimizer_state(self, optimizer: Optimizer, state: dict[str, Any]) -> None:
         optimizer.load_state_dict(state)
 
-    def convert_state(self, state: dict[str, Any], filter: dict[str, Callable[[str, Any], bool]] | None = None) -> dict[str, Any]:
-        """Turn modules, optimizers and stateful objects into plain state dicts, applying ``filter``."""
+    def convert_state(
+        self,
+        state: dict[str, Any],
+        filter: dict[str, Callable[[str, Any], bool]] | None = None,
+        module_state: Callable[[Module], dict[str, Any]] | None = None,
+        optimizer_state: Callable[[Optimizer], dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        """Turn modules, optimizers and stateful objects into plain state dicts, applying ``filter``.
+
+        ``module_state``/``optimizer_state`` replace :meth:`get_module_state_dict`/:meth:`get_optimizer_state`
+        for one conversion (e.g. FSDP gathering a full state dict for a single-file checkpoint).
+        """
+        module_state = module_state or self.get_module_state_dict
+        optimizer_state = optimizer_state or self.get_optimizer_state
         converted: dict[str, Any] = {}
         for key, obj in state.items():
             if isinstance(obj, Module):
-                value = self.get_module_state_dict(obj)
+                value = module_state(obj)
             elif isinstance(obj, Optimizer):
-                value = self.get_optimizer_state(obj)
+                value = optimizer_state(obj)
             elif is_stateful(obj):
                 value = obj.state_dict()
             else:

@@ -462,26 +462,14 @@ class FSDPStrategy(ParallelStrategy):
         )
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        converted: dict[str, Any] = {}
-        for key, obj in state.items():
-            if isinstance(obj, Module) and _is_fsdp(obj):
-                value: Any = get_model_state_dict(obj, options=options)
-            elif isinstance(obj, Module):
-                value = obj.state_dict()
-            elif isinstance(obj, Optimizer):
-                value = ckpt.optimizer_state_by_position(get_optimizer_state_dict(self._owner(obj), obj, options=options))
-            elif is_stateful(obj):
-                value = obj.state_dict()
-            else:
-                value = obj
-            if filter is not None and key in filter and isinstance(value, dict):
-                value = {k: v for k, v in value.items() if filter[key](k, v)}
-                if not value:
-                    continue
-            converted[key] = value
-        precision_state = self.precision.state_dict()
-        if precision_state:
-            converted[PRECISION_STATE_KEY] = precision_state
+        converted = self.convert_state(
+            state,
+            filter,
+            module_state=lambda m: get_model_state_dict(m, options=options) if _is_fsdp(m) else m.state_dict(),
+            optimizer_state=lambda o: ckpt.optimizer_state_by_position(
+                get_optimizer_state_dict(self._owner(o), o, options=options)
+            ),
+        )
         if self.is_global_zero:
             self.checkpoint_io.save_checkpoint(converted, path, storage_options=storage_options)
 
