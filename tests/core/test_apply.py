@@ -7,6 +7,7 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
+
 from fabric_core.utilities.apply import (
     apply_to_collection,
     convert_tensors_to_scalars,

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from fabric_core.io import CheckpointIO, TorchCheckpointIO, atomic_save
 from fabric_core.io import checkpoint_io as checkpoint_io_module
 

@@ -4,14 +4,6 @@ import multiprocessing
 
 import pytest
 import torch
-from fabric_core.utilities.data import (
-    DataLoaderRebuildError,
-    DistributedSamplerWrapper,
-    capture_init_arguments,
-    distributed_sampler_for,
-    needs_distributed_sampler,
-    reinstantiate_dataloader,
-)
 from torch.utils.data import (
     BatchSampler,
     DataLoader,
@@ -22,6 +14,15 @@ from torch.utils.data import (
     SequentialSampler,
     TensorDataset,
     WeightedRandomSampler,
+)
+
+from fabric_core.utilities.data import (
+    DataLoaderRebuildError,
+    DistributedSamplerWrapper,
+    capture_init_arguments,
+    distributed_sampler_for,
+    needs_distributed_sampler,
+    reinstantiate_dataloader,
 )
 
 

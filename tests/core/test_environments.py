@@ -10,8 +10,9 @@ import sys
 import warnings
 from pathlib import Path
 
-import fabric_core.environments as envs
 import pytest
+
+import fabric_core.environments as envs
 from fabric_core.environments import (
     BUILTIN_ENVIRONMENTS,
     ClusterEnvironment,

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from torch import nn
+
 from fabric_core.loggers import CSVLogger, Logger, TensorBoardLogger
 from fabric_core.loggers.base import _DummyExperiment
 from fabric_core.utilities.rank_zero import get_rank, set_rank
-from torch import nn
 
 LOGGER_CLASSES = [CSVLogger, TensorBoardLogger]
 

@@ -8,6 +8,7 @@ import random
 
 import pytest
 import torch
+
 from fabric_core.utilities import seed as seed_module
 from fabric_core.utilities.seed import reset_seed, seed_everything, worker_init_function
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+
 from fabric_core.loggers.base import (
     Logger,
     _add_prefix,

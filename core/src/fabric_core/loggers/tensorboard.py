@@ -10,6 +10,8 @@ from dataclasses import asdict, is_dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
+
 from fabric_core.loggers.base import (
     Logger,
     _add_prefix,
@@ -19,7 +21,6 @@ from fabric_core.loggers.base import (
     rank_zero_experiment,
 )
 from fabric_core.utilities.rank_zero import get_rank, rank_zero_only, rank_zero_warn
-from torch import nn
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter

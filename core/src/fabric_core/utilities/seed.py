@@ -14,6 +14,7 @@ import random
 from typing import Any
 
 import torch
+
 from fabric_core.utilities.rank_zero import get_rank, rank_zero_warn
 
 __all__ = ["seed_everything", "reset_seed", "worker_init_function"]
