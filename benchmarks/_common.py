@@ -1,0 +1,236 @@
+"""Helpers shared by the benchmark sections: statistics, interleaving, child processes, machine facts, memory.
+
+This module must stay importable without torch: the harness process itself never imports torch, so its own
+state cannot influence what the child processes measure.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RESULT_PREFIX = "BENCH_JSON "
+
+#: The variant names used in every section.
+RAW, OURS, LIGHTNING = "raw", "ours", "lightning"
+
+
+# ------------------------------------------------------------------------------------------------ statistics
+def summarize(values: Sequence[float]) -> dict[str, Any]:
+    """Median and range of repeated measurements (the raw values are kept for anyone who wants more)."""
+    vals = [float(v) for v in values]
+    if not vals:
+        return {"median": None, "min": None, "max": None, "n": 0, "values": []}
+    return {
+        "median": statistics.median(vals),
+        "min": min(vals),
+        "max": max(vals),
+        "n": len(vals),
+        "values": vals,
+    }
+
+
+def paired_ratios(numerator: Sequence[float], denominator: Sequence[float]) -> dict[str, Any]:
+    """Ratios of measurements taken in the same repetition, summarised: pairs cancel slow drifts of the machine."""
+    return summarize([n / d for n, d in zip(numerator, denominator) if d])
+
+
+def rotated(items: Sequence[str], rep: int) -> list[str]:
+    """The order of the variants in repetition ``rep``: A B C, then B C A, ... so no variant always goes first."""
+    k = rep % len(items) if items else 0
+    return list(items[k:]) + list(items[:k])
+
+
+# ------------------------------------------------------------------------------------------------ environment
+def lightning_available() -> bool:
+    return importlib.util.find_spec("lightning_fabric") is not None
+
+
+def module_available(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def dist_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def installed_plugins() -> list[dict[str, str | None]]:
+    """The ``fabric.plugins`` entry points of this environment (what ``Fabric(...)`` will load)."""
+    out = []
+    for ep in metadata.entry_points(group="fabric.plugins"):
+        dist = getattr(ep, "dist", None)
+        out.append(
+            {
+                "name": ep.name,
+                "value": ep.value,
+                "distribution": dist.name if dist else None,
+                "version": dist.version if dist else None,
+            }
+        )
+    return sorted(out, key=lambda e: str(e["name"]))
+
+
+def _meminfo_kib(key: str) -> int | None:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine_info() -> dict[str, Any]:
+    """What a reader needs to judge the numbers: cores, RAM, CPU, versions, and the load while we ran."""
+    mem = _meminfo_kib("MemTotal")
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count()
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = None
+    return {
+        "cpu_model": _cpu_model(),
+        "cores": os.cpu_count(),
+        "usable_cores": usable,
+        "ram_gib": round(mem / 2**20, 1) if mem else None,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": dist_version("torch"),
+        "fabric_core": dist_version("fabric-core"),
+        "lightning_fabric": dist_version("lightning-fabric"),
+        "loadavg_at_start": list(load) if load else None,
+        "plugins": installed_plugins(),
+    }
+
+
+# ------------------------------------------------------------------------------------------------ child processes
+def emit(result: Any) -> None:
+    """Hand a child's result to the harness: one line on stdout with a fixed prefix (other output is ignored)."""
+    sys.stdout.write(RESULT_PREFIX + json.dumps(result) + "\n")
+    sys.stdout.flush()
+
+
+def parse_result(stdout: str) -> Any:
+    for line in reversed(stdout.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            return json.loads(line[len(RESULT_PREFIX) :])
+    raise RuntimeError("the child process printed no result line")
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    root = str(REPO_ROOT)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    if extra:
+        env.update(extra)
+    return env
+
+
+def run_child(args: Sequence[str], *, timeout: float, env: dict[str, str] | None = None) -> Any:
+    """Run ``python <args>`` in a fresh interpreter and return the JSON it emitted; errors carry its stderr."""
+    cmd = [sys.executable, *args]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env=env or child_env(), cwd=REPO_ROOT
+    )
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout)[-3000:]
+        raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}:\n{tail}")
+    return parse_result(proc.stdout)
+
+
+# ------------------------------------------------------------------------------------------------ memory (Linux)
+def _status_kib(key: str) -> int | None:
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def rss_kib() -> int | None:
+    return _status_kib("VmRSS")
+
+
+def peak_rss_kib() -> int | None:
+    """The process's resident-set high-water mark.
+
+    ``VmHWM`` rather than ``getrusage().ru_maxrss``: the latter also keeps the high-water mark of whatever the
+    process was before ``exec`` (a forking parent with torch loaded), so a fresh child would inherit its peak.
+    """
+    hwm = _status_kib("VmHWM")
+    if hwm is not None:
+        return hwm
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+
+
+def reset_peak_rss() -> bool:
+    """Reset the high-water mark to the current RSS (Linux >= 4.0); False when the kernel refuses."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+# ------------------------------------------------------------------------------------------------ bytecode
+def precompile_fabric_packages() -> list[str]:
+    """Write ``.pyc`` files for fabric-core and the installed fabric plugins (editable installs have none).
+
+    Installed wheels (torch, lightning-fabric) were byte-compiled by pip; an editable source tree only gets
+    ``__pycache__`` on first import, and never when ``PYTHONDONTWRITEBYTECODE`` is set. Without this, every
+    fresh interpreter would compile our sources and the import comparison would measure the compiler.
+    """
+    names = {"fabric_core"} | {str(p["value"]).split(".")[0].split(":")[0] for p in installed_plugins()}
+    folders = []
+    for name in sorted(names):
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        if spec is not None and spec.submodule_search_locations:
+            folders.extend(spec.submodule_search_locations)
+    if folders:
+        subprocess.run(
+            [sys.executable, "-m", "compileall", "-q", *folders],
+            check=False,
+            capture_output=True,
+            timeout=300,
+        )
+    return folders

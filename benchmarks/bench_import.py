@@ -1,0 +1,118 @@
+"""Start-up cost: ``import`` + ``Fabric(accelerator="cpu")`` over a bare ``import torch``, each in a fresh interpreter.
+
+The child times its own statements (that is the headline: what our import adds on top of torch's), in CPU
+seconds (``process_time``: on a shared machine, time spent preempted by other processes does not count; importing
+is CPU work on files the page cache already holds) and in wall seconds; the harness also times the whole process
+(interpreter start and exit included), which is what a user waits for. Whatever plugins are installed in the
+environment are discovered as usual, so the number includes their registration cost.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from typing import Any
+
+from benchmarks._common import (
+    LIGHTNING,
+    OURS,
+    RAW,
+    child_env,
+    paired_ratios,
+    parse_result,
+    rotated,
+    summarize,
+)
+
+_CHILD = """
+import json, sys, time
+c0, t0 = time.process_time(), time.perf_counter()
+import torch
+c1, t1 = time.process_time(), time.perf_counter()
+{body}
+c2, t2 = time.process_time(), time.perf_counter()
+print({prefix!r} + json.dumps({{
+    "import_torch_s": t1 - t0,
+    "total_s": t2 - t0,
+    "import_torch_cpu_s": c1 - c0,
+    "total_cpu_s": c2 - c0,
+    "modules": len(sys.modules),
+    "imports_dynamo": "torch._dynamo" in sys.modules,
+    "imports_sympy": "sympy" in sys.modules,
+}}), flush=True)
+"""
+
+BODIES = {
+    RAW: "pass",
+    OURS: "from fabric_core import Fabric\nFabric(accelerator='cpu')",
+    LIGHTNING: "from lightning_fabric import Fabric\nFabric(accelerator='cpu')",
+}
+
+
+def _run_once(variant: str) -> dict[str, Any]:
+    from benchmarks._common import RESULT_PREFIX
+
+    code = _CHILD.format(body=BODIES[variant], prefix=RESULT_PREFIX)
+    env = child_env()
+    env.pop("FABRIC_CLI_USED", None)
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"import child for {variant!r} failed:\n{proc.stderr[-2000:]}")
+    result = parse_result(proc.stdout)
+    result["process_s"] = wall
+    return result
+
+
+def run(cfg: dict[str, Any], variants: list[str], log: Any = print) -> dict[str, Any]:
+    reps = cfg["import_reps"]
+    if cfg.get("import_warmup", True):
+        # The page cache then holds every file, so the first measured run is not special.
+        for v in variants:
+            _run_once(v)
+    samples: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+    for rep in range(reps):
+        for v in rotated(variants, rep):
+            samples[v].append(_run_once(v))
+        log(
+            f"  import rep {rep + 1}/{reps}: "
+            + ", ".join(
+                f"{v} {samples[v][-1]['total_cpu_s']:.2f} s cpu ({samples[v][-1]['total_s']:.2f} s wall)"
+                for v in variants
+            )
+        )
+
+    out: dict[str, Any] = {
+        "status": "ok",
+        "config": {"reps": reps},
+        "clock": "process_cpu",
+        "variants": {},
+        "ratios": {},
+        "wall_ratios": {},
+        "process_ratios": {},
+    }
+    raw = samples[RAW]
+    for v in variants:
+        s = samples[v]
+        out["variants"][v] = {
+            "statement": BODIES[v],
+            "cpu_seconds": summarize([r["total_cpu_s"] for r in s]),
+            "seconds": summarize([r["total_s"] for r in s]),
+            "import_torch_cpu_seconds": summarize([r["import_torch_cpu_s"] for r in s]),
+            "process_seconds": summarize([r["process_s"] for r in s]),
+            "modules": s[-1]["modules"],
+            "imports_dynamo": s[-1]["imports_dynamo"],
+            "imports_sympy": s[-1]["imports_sympy"],
+        }
+        if v != RAW:
+            out["ratios"][v] = paired_ratios([r["total_cpu_s"] for r in s], [r["total_cpu_s"] for r in raw])
+            out["wall_ratios"][v] = paired_ratios([r["total_s"] for r in s], [r["total_s"] for r in raw])
+            out["process_ratios"][v] = paired_ratios(
+                [r["process_s"] for r in s], [r["process_s"] for r in raw]
+            )
+            out["variants"][v]["added_cpu_ms"] = summarize(
+                [1e3 * (a["total_cpu_s"] - b["total_cpu_s"]) for a, b in zip(s, raw)]
+            )
+    return out
