@@ -59,6 +59,8 @@ MODES: dict[str, dict[str, Any]] = {
         "ddp_round_steps": 3,
         "ddp_variants": [RAW, OURS],
         "skip": {"fsdp": "not run in --quick mode (run `python -m benchmarks` for it)"},
+        # lightning-fabric's import costs seconds in every fresh interpreter: compared in the full run only.
+        "no_lightning": ["import", "ddp"],
         "ckpt_mib": 256,
         "ckpt_reps": 1,
     },
@@ -160,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"benchmarks ({mode}): {', '.join(variants)}; sections {', '.join(wanted)}")
     results["bytecode_precompiled"] = precompile_fabric_packages()
     skips: dict[str, str] = cfg.get("skip", {})
+    no_lf: list[str] = cfg.get("no_lightning", [])
     for section in SECTIONS:
         if section not in wanted:
             continue
@@ -169,13 +172,15 @@ def main(argv: list[str] | None = None) -> int:
             if section in skips:
                 res: dict[str, Any] = {"status": "skipped", "reason": skips[section]}
             elif section == "import":
-                res = bench_import.run(cfg, variants, log)
+                res = bench_import.run(
+                    cfg, [v for v in variants if v != LIGHTNING or section not in no_lf], log
+                )
             elif section == "steps":
                 res = run_child(["-m", "benchmarks.bench_steps", json.dumps(cfg)], timeout=1800)
             elif section == "checkpoint":
                 res = run_child(["-m", "benchmarks.bench_checkpoint", json.dumps(cfg)], timeout=3600)
             elif section in ("ddp", "fsdp"):
-                res = bench_distributed.run(section, cfg, lightning, log)
+                res = bench_distributed.run(section, cfg, lightning and section not in no_lf, log)
             else:  # deepspeed
                 res = _deepspeed_status()
         except Exception as err:  # one broken section must not hide the others
