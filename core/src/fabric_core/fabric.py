@@ -28,11 +28,14 @@ from fabric_core.strategies.base import Strategy
 from fabric_core.utilities.apply import apply_to_collection, convert_tensors_to_scalars, convert_to_tensors
 from fabric_core.utilities.rank_zero import PossibleUserWarning, rank_zero_warn
 from fabric_core.wrappers import (
+    _NOTHING,
     FabricDataLoader,
     FabricModule,
     FabricOptimizer,
+    backward_in_scope,
     fabric_backward_scope,
     is_wrapped,
+    plain_backward,
     unwrap_compiled,
     unwrap_objects,
 )
@@ -86,6 +89,10 @@ class Fabric:
         self._loggers: list[Logger] = [] if loggers is None else list(loggers) if isinstance(loggers, (list, tuple)) else [loggers]
         self._models_setup = 0
         self._launched = False
+        # `backward`'s decision, per precision object: the one it was made for, and that object again when
+        # `tensor.backward` may be called directly.
+        self._backward_planned_for: Any = _NOTHING
+        self._plain_backward_precision: Any = _NOTHING
 
         if type(self).run is not Fabric.run:
             if connector.launched_by_cli():
@@ -352,9 +359,22 @@ class Fabric:
     # ------------------------------------------------------------------------------------------------ training
     def backward(self, tensor: Tensor, *args: Any, model: Any = None, **kwargs: Any) -> None:
         """Replace ``loss.backward()``: lets the precision scale the loss and engines own the backward pass."""
+        strategy = self._strategy
+        precision = strategy.precision
+        if precision is self._plain_backward_precision:
+            backward_in_scope(tensor, *args, **kwargs)
+            return
+        if precision is not self._backward_planned_for:
+            # Decided once per precision object: when neither the strategy nor the precision changes backward,
+            # the strategy's chain would only end in `tensor.backward(...)`, so that is called directly.
+            self._backward_planned_for = precision
+            self._plain_backward_precision = precision if plain_backward(strategy) else _NOTHING
+            if precision is self._plain_backward_precision:
+                backward_in_scope(tensor, *args, **kwargs)
+                return
         module = unwrap_objects(model) if model is not None else None
         with fabric_backward_scope():
-            self._strategy.backward(tensor, module, *args, **kwargs)
+            strategy.backward(tensor, module, *args, **kwargs)
 
     def clip_gradients(
         self,

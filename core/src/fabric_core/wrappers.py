@@ -1,9 +1,11 @@
 """What ``fabric.setup*`` returns: thin wrappers around the user's module, optimizers and dataloaders.
 
-They stay out of the hot path: the module wrapper adds one precision-context enter/exit and two tree walks
-only when the precision converts dtypes; the optimizer wrapper forwards ``step`` to the strategy; the
-dataloader wrapper moves each batch. Nothing here imports ``torch._dynamo``: compiled modules are detected by
-class name.
+They stay out of the hot path. Each wrapper decides once (and again only when the strategy's precision object
+is replaced) whether the strategy and precision do anything beyond what plain PyTorch does; if not, the call
+goes straight through: ``forward`` calls the inner module, ``step`` the optimizer's ``step``, and batches
+already on the CPU are not walked. Otherwise the full path runs: the precision's context and dtype casts, the
+``loss.backward()`` guard, the strategy's step. Nothing here imports ``torch._dynamo``: compiled modules are
+detected by class name.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import inspect
 from collections.abc import Callable, Generator, Iterator
 from contextlib import AbstractContextManager
 from functools import wraps
+from types import MethodType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -20,17 +23,54 @@ from torch.nn import Module
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
-from fabric_core.utilities.apply import apply_to_collection, move_data_to_device
+from fabric_core.precision.base import Precision
+from fabric_core.utilities.apply import apply_to_collection, batch_mover
 
 if TYPE_CHECKING:
     from fabric_core.strategies.base import Strategy
 
 _DEFAULT_FORWARD_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
 _in_fabric_backward = False
+#: Never the strategy's precision: marks "no plain path" in identity checks.
+_NOTHING = object()
 
 
 def _is_compiled(obj: Any) -> bool:
     return type(obj).__name__ == "OptimizedModule" and hasattr(obj, "_orig_mod")
+
+
+def _uses_base(obj: Any, base: type, names: tuple[str, ...]) -> bool:
+    """Whether ``obj`` runs ``base``'s own code for every method in ``names`` (no override, no instance patch)."""
+    own = getattr(obj, "__dict__", {})
+    cls = type(obj)
+    return all(name not in own and getattr(cls, name, None) is getattr(base, name) for name in names)
+
+
+def precision_converts(precision: Precision) -> bool:
+    """Whether the precision changes anything around ``forward`` (a context, or input/output dtype casts)."""
+    if getattr(precision, "input_dtype", None) is not None:
+        return True
+    return not _uses_base(precision, Precision, ("convert_input", "convert_output", "forward_context"))
+
+
+def plain_backward(strategy: Strategy) -> bool:
+    """Whether ``strategy.backward`` amounts to ``tensor.backward(...)`` (no loss scaling, no engine)."""
+    from fabric_core.strategies.base import Strategy
+
+    return _uses_base(strategy, Strategy, ("backward",)) and _uses_base(
+        strategy.precision, Precision, ("pre_backward", "backward", "post_backward")
+    )
+
+
+def plain_optimizer_step(strategy: Strategy) -> bool:
+    """Whether ``strategy.optimizer_step(optimizer)`` amounts to ``optimizer.step()``."""
+    from fabric_core.strategies.base import Strategy
+
+    return (
+        getattr(strategy, "optimizer_step_target", None) is None
+        and _uses_base(strategy, Strategy, ("optimizer_step",))
+        and _uses_base(strategy.precision, Precision, ("optimizer_step",))
+    )
 
 
 class FabricModule(Module):
@@ -48,19 +88,46 @@ class FabricModule(Module):
         self._original_module = original_module if original_module is not None else forward_module
         self._strategy = strategy
         self._forward_methods = set(_DEFAULT_FORWARD_METHODS)
+        # Both modules also sit in the instance __dict__ (beside `_modules`, which keeps them registered), so
+        # `self._forward_module` is a plain attribute read instead of two `__getattr__` calls per forward.
+        self.__dict__["_forward_module"] = forward_module
+        self.__dict__["_original_module"] = self._original_module
+        self._plan_forward()
         self._fabric_module_initialized = True
 
     @property
     def module(self) -> Module:
         return self._original_module
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
+    def _plan_forward(self) -> None:
+        """Decide, for the strategy's current precision object, what ``forward`` has to do besides the call.
+
+        ``_plain_precision`` is that precision object when nothing is needed (the fast path compares identity),
+        else a sentinel; ``_guard_outputs`` says whether outputs get the ``loss.backward()`` guard.
+        """
         precision = self._strategy.precision
+        guard = bool(self._strategy.requires_fabric_backward)
+        plain = not guard and not precision_converts(precision)
+        self.__dict__["_planned_precision"] = precision
+        self.__dict__["_plain_precision"] = precision if plain else _NOTHING
+        self.__dict__["_guard_outputs"] = guard
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self._strategy.precision is self._plain_precision:
+            return self._forward_module(*args, **kwargs)
+        return self._full_forward(args, kwargs)
+
+    def _full_forward(self, args: tuple, kwargs: dict[str, Any]) -> Any:
+        precision = self._strategy.precision
+        if precision is not self._planned_precision:  # the strategy's precision was replaced: decide again
+            self._plan_forward()
+            if precision is self._plain_precision:
+                return self._forward_module(*args, **kwargs)
         args, kwargs = precision.convert_input((args, kwargs))
         with precision.forward_context():
             output = self._forward_module(*args, **kwargs)
         output = precision.convert_output(output)
-        if self._strategy.requires_fabric_backward:
+        if self._guard_outputs:
             apply_to_collection(output, Tensor, _guard_backward)
         return output
 
@@ -167,6 +234,13 @@ class FabricModule(Module):
         """
         if not self.__dict__.get("_fabric_module_initialized", False):
             return super().__setattr__(name, value)
+        if name in _MIRRORED:
+            super().__setattr__(name, value)  # (re)registers a module in `_modules`, drops the __dict__ copy
+            if isinstance(value, Module):
+                self.__dict__[name] = value
+            if name == "_strategy":
+                self._plan_forward()
+            return None
         if name.startswith("__") or name == "forward":
             return super().__setattr__(name, value)
         original = self._original_module
@@ -180,6 +254,11 @@ class FabricModule(Module):
             setattr(original, name, value)
         if on_wrapper:
             super().__setattr__(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if name in _MIRRORED and name in self.__dict__ and name in self.__dict__["_modules"]:
+            del self.__dict__[name]  # the copy beside `_modules`; Module.__delattr__ removes the registration
+        super().__delattr__(name)
 
     @property
     def device(self) -> torch.device:
@@ -198,6 +277,10 @@ class FabricModule(Module):
     @dtype.setter
     def dtype(self, value: Any) -> None:
         raise RuntimeError("Cannot set the dtype explicitly. Please use module.to(new_dtype).")
+
+
+#: Wrapper attributes kept in the instance __dict__ for fast access (modules also stay in `_modules`).
+_MIRRORED = frozenset({"_forward_module", "_original_module", "_strategy"})
 
 
 def _guard_backward(tensor: Tensor) -> Tensor:
@@ -228,6 +311,53 @@ class fabric_backward_scope(AbstractContextManager):
         _in_fabric_backward = self._previous
 
 
+def backward_in_scope(tensor: Tensor, *args: Any, **kwargs: Any) -> None:
+    """``tensor.backward(...)`` marked as a Fabric backward: the plain-path twin of ``fabric_backward_scope``.
+
+    The flag is set even when this strategy registers no guard: outputs of a model set up by another Fabric
+    object (whose precision does need the guard) may take part in this graph.
+    """
+    global _in_fabric_backward
+    previous = _in_fabric_backward
+    _in_fabric_backward = True
+    try:
+        tensor.backward(*args, **kwargs)
+    finally:
+        _in_fabric_backward = previous
+
+
+class _OwnMethod:
+    """``wrapped.step`` (and friends) always resolve to the wrapper, whatever the shared ``__dict__`` holds.
+
+    The wrapper shares the optimizer's ``__dict__``, so an instance attribute ``step`` put there by an LR
+    scheduler built on the *raw* optimizer would otherwise shadow the wrapper's ``step`` and skip the strategy.
+    As a data descriptor this takes precedence over the instance ``__dict__``; an assignment on the wrapper
+    (a scheduler built on the *wrapped* optimizer patches ``step``) is kept here, on the per-instance class, and
+    never reaches the raw optimizer, whose own ``step`` would then call the patch again, recursively.
+    """
+
+    def __init__(self, function: Callable) -> None:
+        self.function = function
+        self.assigned: Any = _NOTHING
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self.function
+        assigned = self.assigned
+        return MethodType(self.function, obj) if assigned is _NOTHING else assigned
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        self.assigned = value
+
+    def __delete__(self, obj: Any) -> None:
+        if self.assigned is _NOTHING:
+            raise AttributeError(self.function.__name__)
+        self.assigned = _NOTHING
+
+
+_OWN_OPTIMIZER_METHODS = ("step", "zero_grad", "state_dict", "load_state_dict")
+
+
 class FabricOptimizer:
     """Makes ``optimizer.step()`` go through the strategy (and precision); everything else is the optimizer's.
 
@@ -239,12 +369,17 @@ class FabricOptimizer:
         # Share state, param_groups, defaults ... with the real optimizer, also after `load_state_dict` replaces
         # them. The wrapper's own references live on its per-instance class, so nothing leaks into the user's
         # optimizer (whose __dict__ this is): it stays picklable and free of a reference to the strategy.
+        cls = self.__class__
+        namespace: dict[str, Any] = {
+            "_optimizer": optimizer,
+            "_strategy": strategy,
+            "_callbacks": callbacks if callbacks is not None else [],
+            "_step_planned_for": _NOTHING,
+            "_plain_step_precision": _NOTHING,
+        }
+        namespace.update({name: _OwnMethod(getattr(cls, name)) for name in _OWN_OPTIMIZER_METHODS})
         self.__dict__ = optimizer.__dict__
-        self.__class__ = type(
-            "Fabric" + type(optimizer).__name__,
-            (self.__class__, type(optimizer)),
-            {"_optimizer": optimizer, "_strategy": strategy, "_callbacks": callbacks if callbacks is not None else []},
-        )
+        self.__class__ = type("Fabric" + type(optimizer).__name__, (cls, type(optimizer)), namespace)
 
     @property
     def optimizer(self) -> Optimizer:
@@ -257,15 +392,31 @@ class FabricOptimizer:
         self._optimizer.load_state_dict(state_dict)
 
     def step(self, closure: Callable | None = None) -> Any:
-        kwargs = {"closure": closure} if closure is not None else {}
-        target = getattr(self._strategy, "optimizer_step_target", None)
-        target = target(self._optimizer) if callable(target) else self._optimizer
-        output = self._strategy.optimizer_step(target, **kwargs)
+        strategy = self._strategy
+        precision = strategy.precision
+        if precision is not self._plain_step_precision and (
+            precision is self._step_planned_for or not self._plan_step(precision)
+        ):
+            kwargs = {"closure": closure} if closure is not None else {}
+            target = getattr(strategy, "optimizer_step_target", None)
+            target = target(self._optimizer) if callable(target) else self._optimizer
+            output = strategy.optimizer_step(target, **kwargs)
+        else:  # the strategy's step would only call `optimizer.step()`
+            target = self._optimizer
+            output = target.step() if closure is None else target.step(closure=closure)
         for callback in self._callbacks:
             hook = getattr(callback, "on_after_optimizer_step", None)
             if callable(hook):
-                hook(strategy=self._strategy, optimizer=target)
+                hook(strategy=strategy, optimizer=target)
         return output
+
+    def _plan_step(self, precision: Precision) -> bool:
+        """Decide once per precision object whether ``step`` may call the optimizer's ``step`` directly."""
+        plain = plain_optimizer_step(self._strategy)
+        cls = type(self)  # the per-instance class: nothing lands in the optimizer's shared __dict__
+        cls._step_planned_for = precision
+        cls._plain_step_precision = precision if plain else _NOTHING
+        return plain
 
     def zero_grad(self, *args: Any, **kwargs: Any) -> None:
         self._optimizer.zero_grad(*args, **kwargs)
@@ -312,8 +463,7 @@ class FabricDataLoader:
         if device is None:
             yield from iterator
             return
-        for batch in iterator:
-            yield move_data_to_device(batch, device)
+        yield from map(batch_mover(device), iterator)
 
 
 def unwrap_compiled(obj: Any) -> tuple[Any, dict[str, Any] | None]:
