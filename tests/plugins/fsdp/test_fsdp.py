@@ -247,6 +247,30 @@ def test_strategy_options_and_precisions(tmp_path: Path) -> None:
     assert r["bf16_true"]["losses"] == pytest.approx(ref, rel=2e-2)
 
 
+def test_root_keeps_parameters_gathered_until_backward(tmp_path: Path) -> None:
+    """`reshard_after_forward` applies to the wrapped units; the root follows torch's default (no resharding)."""
+    run_ranks("reshard_checks.py", str(tmp_path), tmp_path=tmp_path)
+    r = read_json(tmp_path / "reshard.json")
+    # Default (and an explicit None): the root stays gathered from forward to backward, the `enc` unit is freed.
+    # All-gathers per step: root once (forward), enc twice (forward, backward).
+    for name in ("default", "none"):
+        assert r[name]["gathered_after_forward"] == {"root": True, "enc": False}, name
+        assert r[name]["all_gathers_per_step"] == 3, name
+    # fsdp_no_reshard: nothing is freed after forward anywhere, one all-gather per unit and step.
+    assert r["no_reshard"]["gathered_after_forward"] == {"root": True, "enc": True}
+    assert r["no_reshard"]["all_gathers_per_step"] == 2
+    # Asking torch to reshard the root too works through the Fabric wrapper: one all-gather more.
+    assert r["root_opt_in"]["gathered_after_forward"] == {"root": False, "enc": False}
+    assert r["root_opt_in"]["all_gathers_per_step"] == 4
+    for name, v in r.items():
+        # Backward frees whatever forward kept gathered.
+        assert v["sharded_after_step"], name
+        # A forward under no_grad leaves the non-resharding units gathered (torch's behaviour) ...
+        assert v["gathered_after_no_grad_forward"] == v["gathered_after_forward"], name
+        # ... and the step after it must not leave them stale: the next forward uses the updated weights.
+        assert v["forward_after_step_diff"] < 1e-6, name
+
+
 # ----------------------------------------------------------------------------------------------------- GPU
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs (NCCL)")

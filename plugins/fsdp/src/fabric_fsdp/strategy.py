@@ -17,6 +17,10 @@ Choices worth knowing (the README has the full list):
   other.
 * Sharded checkpoints are written into a temporary directory beside the target and swapped in only when
   every rank has finished, so a failed save never replaces a good checkpoint.
+* ``reshard_after_forward`` applies to the units the wrap policy makes; the root gets torch's default, which
+  keeps its parameters gathered from forward to backward (freeing them would add an all-gather to every step).
+  Units that stay gathered are resharded before each optimizer step, so a forward under ``no_grad`` between
+  backward and step cannot leave the next forward computing with the old weights.
 """
 
 from __future__ import annotations
@@ -123,8 +127,13 @@ class FSDPStrategy(ParallelStrategy):
             in backward instead of stored. Parameter names do not change, so checkpoints stay compatible.
         cpu_offload: keep sharded parameters, gradients and optimizer state in CPU memory (``True`` or a
             ``torch.distributed.fsdp.CPUOffloadPolicy``). Has no effect, with a warning, when training on CPU.
-        reshard_after_forward: free the gathered parameters after forward (``True``, least memory) or keep
-            them for backward (``False``, one all-gather less per step). An int reshards to that group size.
+        reshard_after_forward: for the units the wrap policy makes: free their gathered parameters after
+            forward (``True``, least memory) or keep them for backward (``False``, one all-gather less per unit
+            and step). An int reshards to that group size. ``None`` is torch's default (``True``). The root
+            module follows torch's default whatever this says (except ``False``, which applies everywhere): it
+            keeps its parameters from forward to backward, because backward needs them at once and freeing
+            them would only add an all-gather to every step. To reshard the root too, call
+            ``model.set_reshard_after_forward(True, recurse=False)`` after setup.
         sharding_strategy: ``"FULL_SHARD"`` (default), ``"SHARD_GRAD_OP"`` (= ``reshard_after_forward=False``),
             ``"HYBRID_SHARD"`` (shard within a node, replicate across nodes: a 2D mesh of
             ``(num_nodes, devices)``), or ``"NO_SHARD"`` (replicate everywhere, like DDP).
@@ -147,7 +156,7 @@ class FSDPStrategy(ParallelStrategy):
         auto_wrap_policy: ModulePolicy = None,
         activation_checkpointing: ModulePolicy = None,
         cpu_offload: bool | Any = False,
-        reshard_after_forward: bool | int = True,
+        reshard_after_forward: bool | int | None = True,
         sharding_strategy: str = "FULL_SHARD",
         device_mesh: tuple[int, ...] | DeviceMesh | None = None,
         state_dict_type: str = "sharded",
@@ -184,6 +193,10 @@ class FSDPStrategy(ParallelStrategy):
         # id(old parameter) -> (weakref to it, the sharded parameter that replaced it)
         self._replaced: dict[int, tuple[weakref.ref, Parameter]] = {}
         self._models: weakref.WeakSet[Module] = weakref.WeakSet()
+        # model -> its FSDP units that can keep gathered parameters after a forward (see `optimizer_step`)
+        self._may_stay_gathered: weakref.WeakKeyDictionary[Module, list[weakref.ref[Module]]] = (
+            weakref.WeakKeyDictionary()
+        )
         self._backward_sync_control = _FSDPBackwardSyncControl()
 
     # ---------------------------------------------------------------------------------------- topology
@@ -282,6 +295,7 @@ class FSDPStrategy(ParallelStrategy):
         if _is_fsdp(module):
             rank_zero_warn("The model is already sharded with `fully_shard`; the FSDP strategy uses it as it is.")
             self._models.add(module)
+            self._may_stay_gathered[module] = [weakref.ref(m) for m in module.modules() if _is_fsdp(m)]
             return module
         mesh = self.device_mesh
         before = [(owner, name, p) for owner in module.modules() for name, p in owner._parameters.items() if p is not None]
@@ -292,12 +306,24 @@ class FSDPStrategy(ParallelStrategy):
                 if self._checkpoint_policy(sub):
                     checkpoint(sub)
         offload = self._offload_policy()
-        options = {"mesh": mesh, "reshard_after_forward": self.reshard_after_forward, "offload_policy": offload}
+        options = {"mesh": mesh, "offload_policy": offload}
         # Children before parents: FSDP2 requires inner units to be sharded first.
+        units = []
         for sub in reversed(list(module.modules())):
             if sub is not module and not _is_fsdp(sub) and self._wrap_policy(sub):
-                fully_shard(sub, mp_policy=self._mp_policy(root=False), **options)
-        fully_shard(module, mp_policy=self._mp_policy(root=True), **options)
+                units.append(sub)
+                fully_shard(
+                    sub,
+                    mp_policy=self._mp_policy(root=False),
+                    reshard_after_forward=self.reshard_after_forward,
+                    **options,
+                )
+        fully_shard(
+            module, mp_policy=self._mp_policy(root=True), reshard_after_forward=self._root_reshard(), **options
+        )
+        # Units that reshard after forward never keep gathered parameters beyond a forward; the others may.
+        resharding = self.reshard_after_forward is True or self.reshard_after_forward is None
+        self._may_stay_gathered[module] = [weakref.ref(m) for m in [module, *([] if resharding else units)]]
 
         for owner, name, old in before:
             new = owner._parameters.get(name)
@@ -308,6 +334,15 @@ class FSDPStrategy(ParallelStrategy):
             self._materialize(module, device)
         self._models.add(module)
         return module
+
+    def _root_reshard(self) -> bool | None:
+        """``reshard_after_forward`` for the root: torch's default (``None``) unless resharding is off everywhere.
+
+        With ``None`` torch keeps the root's parameters gathered from forward to backward (it decides when the
+        root is known, at the first forward): freeing them would cost one more all-gather per step, since the
+        backward pass starts with the root's parameters.
+        """
+        return False if self.reshard_after_forward is False else None
 
     def _materialize(self, module: Module, device: torch.device) -> None:
         """Allocate the local shards of meta parameters and initialise them with ``reset_parameters()``.
@@ -375,6 +410,22 @@ class FSDPStrategy(ParallelStrategy):
         return optimizer
 
     # ---------------------------------------------------------------------------------------- training step
+    def optimizer_step(self, optimizer: Any, **kwargs: Any) -> Any:
+        """Step, after freeing parameters that a forward left gathered, so the next forward gathers new ones.
+
+        A unit that does not reshard after forward (the root, or every unit with ``reshard_after_forward=False``)
+        keeps its gathered copy until its backward. After a forward without backward (evaluation under
+        ``torch.no_grad()``), that copy would survive the step, and FSDP would skip the all-gather in the next
+        forward and compute with the weights from before the step. ``reshard()`` is a no-op (about 3 us) when
+        the backward has already freed them, which is the usual case.
+        """
+        for units in self._may_stay_gathered.values():
+            for ref in units:
+                unit = ref()
+                if unit is not None:
+                    unit.reshard()  # type: ignore[operator]
+        return super().optimizer_step(optimizer, **kwargs)
+
     def clip_gradients_norm(
         self,
         module: Module,
