@@ -21,7 +21,7 @@ from torch.nn import Module
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
-from fabric_core import connector
+from fabric_core import connector, wrappers
 from fabric_core.accelerators.base import Accelerator
 from fabric_core.loggers.base import Logger
 from fabric_core.strategies.base import Strategy
@@ -32,7 +32,6 @@ from fabric_core.wrappers import (
     FabricDataLoader,
     FabricModule,
     FabricOptimizer,
-    backward_in_scope,
     fabric_backward_scope,
     is_wrapped,
     plain_backward,
@@ -360,21 +359,35 @@ class Fabric:
     def backward(self, tensor: Tensor, *args: Any, model: Any = None, **kwargs: Any) -> None:
         """Replace ``loss.backward()``: lets the precision scale the loss and engines own the backward pass."""
         strategy = self._strategy
-        precision = strategy.precision
-        if precision is self._plain_backward_precision:
-            backward_in_scope(tensor, *args, **kwargs)
+        precision = strategy._precision  # the base property's storage (`plain_backward` checks it is that)
+        if precision is not self._plain_backward_precision and (
+            precision is self._backward_planned_for or not self._plan_backward(precision)
+        ):
+            module = unwrap_objects(model) if model is not None else None
+            with fabric_backward_scope():
+                strategy.backward(tensor, module, *args, **kwargs)
             return
-        if precision is not self._backward_planned_for:
-            # Decided once per precision object: when neither the strategy nor the precision changes backward,
-            # the strategy's chain would only end in `tensor.backward(...)`, so that is called directly.
-            self._backward_planned_for = precision
-            self._plain_backward_precision = precision if plain_backward(strategy) else _NOTHING
-            if precision is self._plain_backward_precision:
-                backward_in_scope(tensor, *args, **kwargs)
-                return
-        module = unwrap_objects(model) if model is not None else None
-        with fabric_backward_scope():
-            strategy.backward(tensor, module, *args, **kwargs)
+        # Neither strategy nor precision changes backward: their chain would only call `tensor.backward`.
+        if not wrappers._guards_armed:
+            if args or kwargs:
+                tensor.backward(*args, **kwargs)
+            else:
+                tensor.backward()  # the call exactly as a plain loop makes it
+            return
+        # Some model (of this or another Fabric object) guards its outputs: mark this as a Fabric backward.
+        previous = wrappers._in_fabric_backward
+        wrappers._in_fabric_backward = True
+        try:
+            tensor.backward(*args, **kwargs)
+        finally:
+            wrappers._in_fabric_backward = previous
+
+    def _plan_backward(self, precision: Any) -> bool:
+        """Decide once per precision object whether ``backward`` may call ``tensor.backward`` directly."""
+        plain = precision is not None and plain_backward(self._strategy)
+        self._backward_planned_for = precision
+        self._plain_backward_precision = precision if plain else _NOTHING
+        return plain
 
     def clip_gradients(
         self,

@@ -13,13 +13,15 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Generator, Iterator
 from contextlib import AbstractContextManager
-from functools import wraps
+from functools import partial, wraps
+from operator import attrgetter
 from types import MethodType
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 from torch.nn import Module
+from torch.nn.modules import module as _torch_module
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
@@ -31,6 +33,8 @@ if TYPE_CHECKING:
 
 _DEFAULT_FORWARD_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
 _in_fabric_backward = False
+#: Whether any output ever got the `loss.backward()` guard; until then no backward needs to be marked.
+_guards_armed = False
 #: Never the strategy's precision: marks "no plain path" in identity checks.
 _NOTHING = object()
 
@@ -39,11 +43,45 @@ def _is_compiled(obj: Any) -> bool:
     return type(obj).__name__ == "OptimizedModule" and hasattr(obj, "_orig_mod")
 
 
+# What `nn.Module.__call__` consults before it goes straight to `forward`: module-wide hooks (dicts that torch
+# mutates in place) and the tracing state. `FabricModule.__call__` checks the same and, on the plain path, calls
+# the inner module directly; if this torch version keeps them elsewhere, it always defers to `nn.Module`.
+_GLOBAL_HOOKS = tuple(
+    getattr(_torch_module, name, None)
+    for name in (
+        "_global_backward_pre_hooks",
+        "_global_backward_hooks",
+        "_global_forward_hooks",
+        "_global_forward_pre_hooks",
+    )
+)
+_G_BACKWARD_PRE, _G_BACKWARD, _G_FORWARD, _G_FORWARD_PRE = (h if h is not None else {} for h in _GLOBAL_HOOKS)
+_tracing_state = getattr(torch._C, "_get_tracing_state", None)
+_unpatched_module_call = getattr(Module, "_wrapped_call_impl", None)
+_CAN_CALL_DIRECTLY = (
+    all(isinstance(hooks, dict) for hooks in _GLOBAL_HOOKS)
+    and _tracing_state is not None
+    and _unpatched_module_call is not None
+    and Module.__call__ is _unpatched_module_call
+)
+
+
 def _uses_base(obj: Any, base: type, names: tuple[str, ...]) -> bool:
     """Whether ``obj`` runs ``base``'s own code for every method in ``names`` (no override, no instance patch)."""
     own = getattr(obj, "__dict__", {})
     cls = type(obj)
     return all(name not in own and getattr(cls, name, None) is getattr(base, name) for name in names)
+
+
+def _reads_precision_plainly(strategy: Strategy) -> bool:
+    """Whether ``strategy.precision`` is the base property, so the plain paths may read ``strategy._precision``.
+
+    The plain paths run on every step; a property call there is a Python frame each time. A strategy that
+    overrides the property keeps the full paths.
+    """
+    from fabric_core.strategies.base import Strategy
+
+    return type(strategy).precision is Strategy.precision and "_precision" in getattr(strategy, "__dict__", {})
 
 
 def precision_converts(precision: Precision) -> bool:
@@ -57,8 +95,10 @@ def plain_backward(strategy: Strategy) -> bool:
     """Whether ``strategy.backward`` amounts to ``tensor.backward(...)`` (no loss scaling, no engine)."""
     from fabric_core.strategies.base import Strategy
 
-    return _uses_base(strategy, Strategy, ("backward",)) and _uses_base(
-        strategy.precision, Precision, ("pre_backward", "backward", "post_backward")
+    return (
+        _reads_precision_plainly(strategy)
+        and _uses_base(strategy, Strategy, ("backward",))
+        and _uses_base(strategy.precision, Precision, ("pre_backward", "backward", "post_backward"))
     )
 
 
@@ -67,7 +107,8 @@ def plain_optimizer_step(strategy: Strategy) -> bool:
     from fabric_core.strategies.base import Strategy
 
     return (
-        getattr(strategy, "optimizer_step_target", None) is None
+        _reads_precision_plainly(strategy)
+        and getattr(strategy, "optimizer_step_target", None) is None
         and _uses_base(strategy, Strategy, ("optimizer_step",))
         and _uses_base(strategy.precision, Precision, ("optimizer_step",))
     )
@@ -105,15 +146,39 @@ class FabricModule(Module):
         ``_plain_precision`` is that precision object when nothing is needed (the fast path compares identity),
         else a sentinel; ``_guard_outputs`` says whether outputs get the ``loss.backward()`` guard.
         """
-        precision = self._strategy.precision
-        guard = bool(self._strategy.requires_fabric_backward)
-        plain = not guard and not precision_converts(precision)
+        strategy = self._strategy
+        precision = strategy.precision
+        guard = bool(strategy.requires_fabric_backward)
+        plain = not guard and not precision_converts(precision) and _reads_precision_plainly(strategy)
+        direct = plain and _CAN_CALL_DIRECTLY and type(self).forward is FabricModule.forward
         self.__dict__["_planned_precision"] = precision
         self.__dict__["_plain_precision"] = precision if plain else _NOTHING
+        self.__dict__["_call_directly"] = precision if direct else _NOTHING
         self.__dict__["_guard_outputs"] = guard
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """On the plain path, skip the wrapper's own ``nn.Module.__call__`` (three frames on every step).
+
+        Only when that call would do nothing but ``forward``: no hooks on the wrapper or module-wide, no
+        ``torch.compile`` of the wrapper via ``module.compile()``, no ``forward`` patched on the instance, no JIT
+        tracing, and ``nn.Module.__call__`` not replaced. The inner module's own call runs its hooks as usual.
+        """
+        # Read through the instance __dict__: attribute loads on a Module (which has `__getattr__`) are slow.
+        d = self.__dict__
+        if (
+            d["_strategy"]._precision is d["_call_directly"]
+            and not (d["_forward_pre_hooks"] or d["_forward_hooks"] or d["_backward_pre_hooks"] or d["_backward_hooks"])
+            and not (_G_FORWARD_PRE or _G_FORWARD or _G_BACKWARD_PRE or _G_BACKWARD)
+            and d.get("_compiled_call_impl") is None  # set on the instance by `module.compile()`
+            and "forward" not in d
+            and Module.__call__ is _unpatched_module_call
+            and not _tracing_state()
+        ):
+            return d["_forward_module"](*args, **kwargs)
+        return Module.__call__(self, *args, **kwargs)
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if self._strategy.precision is self._plain_precision:
+        if self._strategy._precision is self._plain_precision:  # `_reads_precision_plainly` allows the read
             return self._forward_module(*args, **kwargs)
         return self._full_forward(args, kwargs)
 
@@ -284,7 +349,9 @@ _MIRRORED = frozenset({"_forward_module", "_original_module", "_strategy"})
 
 
 def _guard_backward(tensor: Tensor) -> Tensor:
+    global _guards_armed
     if tensor.requires_grad and tensor.grad_fn is not None:
+        _guards_armed = True
         tensor.register_hook(_check_fabric_backward)
     return tensor
 
@@ -311,51 +378,39 @@ class fabric_backward_scope(AbstractContextManager):
         _in_fabric_backward = self._previous
 
 
-def backward_in_scope(tensor: Tensor, *args: Any, **kwargs: Any) -> None:
-    """``tensor.backward(...)`` marked as a Fabric backward: the plain-path twin of ``fabric_backward_scope``.
-
-    The flag is set even when this strategy registers no guard: outputs of a model set up by another Fabric
-    object (whose precision does need the guard) may take part in this graph.
-    """
-    global _in_fabric_backward
-    previous = _in_fabric_backward
-    _in_fabric_backward = True
-    try:
-        tensor.backward(*args, **kwargs)
-    finally:
-        _in_fabric_backward = previous
-
-
-class _OwnMethod:
-    """``wrapped.step`` (and friends) always resolve to the wrapper, whatever the shared ``__dict__`` holds.
+def _own_attribute(name: str, getter: Callable[[Any], Any]) -> property:
+    """``wrapped.<name>`` always resolves on the wrapper, whatever the shared ``__dict__`` holds.
 
     The wrapper shares the optimizer's ``__dict__``, so an instance attribute ``step`` put there by an LR
     scheduler built on the *raw* optimizer would otherwise shadow the wrapper's ``step`` and skip the strategy.
-    As a data descriptor this takes precedence over the instance ``__dict__``; an assignment on the wrapper
-    (a scheduler built on the *wrapped* optimizer patches ``step``) is kept here, on the per-instance class, and
-    never reaches the raw optimizer, whose own ``step`` would then call the patch again, recursively.
+    A property is a data descriptor, which takes precedence over the instance ``__dict__``. An assignment on the
+    wrapper (a scheduler built on the *wrapped* optimizer patches ``step``) replaces the property on the
+    per-instance class and never reaches the raw optimizer, whose own ``step`` would then call the patch again,
+    recursively; ``del`` restores the wrapper's own method. ``getter`` is a C callable: no Python frame per read.
     """
 
-    def __init__(self, function: Callable) -> None:
-        self.function = function
-        self.assigned: Any = _NOTHING
+    def assign(obj: Any, value: Any) -> None:
+        setattr(type(obj), name, property(lambda _: value, assign, restore))
 
-    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
-        if obj is None:
-            return self.function
-        assigned = self.assigned
-        return MethodType(self.function, obj) if assigned is _NOTHING else assigned
+    def restore(obj: Any) -> None:
+        if type(obj).__dict__.get(name) is default:
+            raise AttributeError(name)
+        setattr(type(obj), name, default)
 
-    def __set__(self, obj: Any, value: Any) -> None:
-        self.assigned = value
-
-    def __delete__(self, obj: Any) -> None:
-        if self.assigned is _NOTHING:
-            raise AttributeError(self.function.__name__)
-        self.assigned = _NOTHING
+    default = property(getter, assign, restore)
+    return default
 
 
-_OWN_OPTIMIZER_METHODS = ("step", "zero_grad", "state_dict", "load_state_dict")
+def _own_attributes(cls: type) -> dict[str, property]:
+    attributes = {}
+    for name in ("step", "zero_grad", "state_dict", "load_state_dict"):
+        function = getattr(cls, name)
+        if name in ("zero_grad", "load_state_dict") and function is getattr(FabricOptimizer, name):
+            # These only forward to the optimizer: hand out its bound method, which saves a frame per call.
+            attributes[name] = _own_attribute(name, attrgetter(f"_optimizer.{name}"))
+        else:
+            attributes[name] = _own_attribute(name, partial(MethodType, function))
+    return attributes
 
 
 class FabricOptimizer:
@@ -377,7 +432,7 @@ class FabricOptimizer:
             "_step_planned_for": _NOTHING,
             "_plain_step_precision": _NOTHING,
         }
-        namespace.update({name: _OwnMethod(getattr(cls, name)) for name in _OWN_OPTIMIZER_METHODS})
+        namespace.update(_own_attributes(cls))
         self.__dict__ = optimizer.__dict__
         self.__class__ = type("Fabric" + type(optimizer).__name__, (cls, type(optimizer)), namespace)
 
@@ -393,7 +448,7 @@ class FabricOptimizer:
 
     def step(self, closure: Callable | None = None) -> Any:
         strategy = self._strategy
-        precision = strategy.precision
+        precision = strategy._precision  # the base property's storage: see `_reads_precision_plainly`
         if precision is not self._plain_step_precision and (
             precision is self._step_planned_for or not self._plan_step(precision)
         ):
@@ -410,9 +465,9 @@ class FabricOptimizer:
                 hook(strategy=strategy, optimizer=target)
         return output
 
-    def _plan_step(self, precision: Precision) -> bool:
+    def _plan_step(self, precision: Precision | None) -> bool:
         """Decide once per precision object whether ``step`` may call the optimizer's ``step`` directly."""
-        plain = plain_optimizer_step(self._strategy)
+        plain = precision is not None and plain_optimizer_step(self._strategy)
         cls = type(self)  # the per-instance class: nothing lands in the optimizer's shared __dict__
         cls._step_planned_for = precision
         cls._plain_step_precision = precision if plain else _NOTHING

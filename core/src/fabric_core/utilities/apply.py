@@ -131,35 +131,45 @@ def batch_mover(device: torch.device | str | int) -> Callable[[Any], Any]:
     target = _as_device(device)
     if target == _CPU:
 
-        def move(t: Tensor) -> Tensor:
-            return t if t.is_cpu else t.to(target)
+        def move_to_cpu(batch: Any) -> Any:
+            cls = type(batch)
+            if cls is Tensor:
+                if batch.is_cpu:
+                    return batch
+            elif cls is list or cls is tuple:
+                for item in batch:
+                    if type(item) is not Tensor or not item.is_cpu:
+                        break
+                else:
+                    return cls(batch)
+            elif cls is dict:
+                for item in batch.values():
+                    if type(item) is not Tensor or not item.is_cpu:
+                        break
+                else:
+                    return dict(batch)
+            return move_data_to_device(batch, target)
 
-    elif target.type in _BLOCKING_DEVICE_TYPES:
+        return move_to_cpu
 
-        def move(t: Tensor) -> Tensor:
-            return t.to(target)
-
-    else:
-
-        def move(t: Tensor) -> Tensor:
-            return t.to(target, non_blocking=True)
+    kwargs = {} if target.type in _BLOCKING_DEVICE_TYPES else {"non_blocking": True}
 
     def move_batch(batch: Any) -> Any:
         cls = type(batch)
         if cls is Tensor:
-            return move(batch)
+            return batch.to(target, **kwargs)
         if cls is list or cls is tuple:
             for item in batch:
                 if type(item) is not Tensor:
                     break
             else:
-                return cls([move(t) for t in batch])
+                return cls([t.to(target, **kwargs) for t in batch])
         elif cls is dict:
             for item in batch.values():
                 if type(item) is not Tensor:
                     break
             else:
-                return {key: move(t) for key, t in batch.items()}
+                return {key: t.to(target, **kwargs) for key, t in batch.items()}
         return move_data_to_device(batch, target)
 
     return move_batch
