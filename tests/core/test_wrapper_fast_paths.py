@@ -168,12 +168,18 @@ def test_assigned_optimizer_methods_stay_on_the_wrapper():
     raw.zero_grad()  # the raw optimizer is unaffected
     assert calls == ["zero_grad"]
     del optimizer.zero_grad
-    assert optimizer.zero_grad.__func__ is FabricOptimizer.zero_grad
+    assert optimizer.zero_grad == raw.zero_grad  # back to forwarding to the optimizer
     with pytest.raises(AttributeError):
         del optimizer.zero_grad
+
     other = fabric.setup_optimizers(torch.optim.SGD(nn.Linear(2, 1).parameters(), lr=0.1))
     optimizer.step = patched_zero_grad
+    assert optimizer.step is patched_zero_grad and "step" not in vars(raw)
     assert other.step.__func__ is FabricOptimizer.step  # per wrapper, not per class
+    del optimizer.step
+    assert optimizer.step.__func__ is FabricOptimizer.step
+    optimizer.state_dict = dict  # any of the wrapper's own methods
+    assert optimizer.state_dict() == {} and "state_dict" not in vars(raw)
 
 
 # ---------------------------------------------------------------------------------------------------- plain paths
@@ -238,6 +244,41 @@ def test_reassigned_inner_module_is_used():
     torch.testing.assert_close(model(x), second(x))
     assert any(m is second for m in model.modules())
     assert not any(m is first for m in model._forward_module.modules())
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace:DeprecationWarning")
+def test_direct_call_still_runs_hooks_compile_patches_and_tracing():
+    fabric = Fabric()
+    inner = nn.Linear(2, 2)
+    model = fabric.setup(inner)
+    x = torch.ones(1, 2)
+    seen = []
+
+    handle = model.register_forward_hook(lambda module, args, out: seen.append("wrapper") or out * 0)
+    assert torch.equal(model(x), torch.zeros(1, 2)) and seen == ["wrapper"]  # the wrapper's own hooks run
+    handle.remove()
+    torch.testing.assert_close(model(x), inner(x))
+
+    from torch.nn.modules.module import register_module_forward_pre_hook
+
+    handle = register_module_forward_pre_hook(lambda module, args: seen.append(type(module).__name__))
+    try:
+        model(x)
+    finally:
+        handle.remove()
+    assert seen[1:] == ["FabricModule", "Linear"]  # module-wide hooks see the wrapper too
+
+    model.forward = lambda *args, **kwargs: "patched"  # an instance-level forward is honoured
+    assert model(x) == "patched"
+    del model.forward
+
+    traced = torch.jit.trace(model, x)
+    torch.testing.assert_close(traced(x), inner(x))
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x), inner(x))
+    model.compile(backend="eager")
+    assert model._compiled_call_impl is not None
+    torch.testing.assert_close(model(x), inner(x))
 
 
 def test_late_callbacks_fire_on_the_plain_step():
