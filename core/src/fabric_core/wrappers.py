@@ -26,7 +26,7 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from fabric_core.precision.base import Precision
-from fabric_core.utilities.apply import apply_to_collection, batch_mover
+from fabric_core.utilities.apply import apply_to_collection, iterate_moved
 
 if TYPE_CHECKING:
     from fabric_core.strategies.base import Strategy
@@ -509,16 +509,16 @@ class FabricDataLoader:
     def __iter__(self) -> Generator[Any, None, None]:
         epoch = self._num_iter_calls
         self._num_iter_calls += 1
-        return self._iterate(epoch)
+        if self._device is None:
+            return self._iterate(epoch)
+        return iterate_moved(partial(self._start_epoch, epoch), self._device)
+
+    def _start_epoch(self, epoch: int) -> Iterator:
+        self._set_epoch(epoch)
+        return iter(self._dataloader)
 
     def _iterate(self, epoch: int) -> Generator[Any, None, None]:
-        self._set_epoch(epoch)
-        iterator: Iterator = iter(self._dataloader)
-        device = self._device
-        if device is None:
-            yield from iterator
-            return
-        yield from map(batch_mover(device), iterator)
+        yield from self._start_epoch(epoch)
 
 
 def unwrap_compiled(obj: Any) -> tuple[Any, dict[str, Any] | None]:

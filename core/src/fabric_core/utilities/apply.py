@@ -12,7 +12,7 @@ import dataclasses
 import sys
 from abc import ABC
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -21,6 +21,7 @@ from torch import Tensor
 __all__ = [
     "apply_to_collection",
     "batch_mover",
+    "iterate_moved",
     "convert_tensors_to_scalars",
     "convert_to_tensors",
     "move_data_to_device",
@@ -216,3 +217,29 @@ def convert_tensors_to_scalars(data: Any) -> Any:
         return value.item()
 
     return apply_to_collection(data, Tensor, to_item)
+
+
+def iterate_moved(
+    start: Callable[[], Iterator[Any]], device: torch.device | str | int
+) -> Generator[Any, None, None]:
+    """Yield the batches of ``start()`` moved to ``device``, each exactly as :func:`move_data_to_device` would.
+
+    ``start`` runs at the first ``next()``, so a loader's epoch begins when iteration does. For the CPU, the test
+    for the most common batch (a list or tuple of CPU tensors, as ``default_collate`` builds them) is the one in
+    :func:`batch_mover`, inlined here: such a batch costs no call beyond the loop itself.
+    """
+    iterator = start()
+    move = batch_mover(device)
+    if _as_device(device) != _CPU:
+        yield from map(move, iterator)
+        return
+    for batch in iterator:
+        cls = type(batch)
+        if cls is list or cls is tuple:
+            for item in batch:
+                if type(item) is not Tensor or not item.is_cpu:
+                    break
+            else:
+                yield cls(batch)
+                continue
+        yield move(batch)
