@@ -37,6 +37,15 @@ SITES: dict[str, tuple[Path, ...]] = {
         / "conflict_b",  # installed before conflict_a: the winner must not depend on install order
         PLUGIN_FIXTURES / "conflict_a",
     ),
+    # Plugins that the strict, isolating loader must reject or contain, each naming its distribution.
+    "strict": (
+        EXAMPLE_PLUGIN,
+        PLUGIN_FIXTURES / "hook_typo",
+        PLUGIN_FIXTURES / "exits_at_import",
+        PLUGIN_FIXTURES / "raising_decisions",
+        PLUGIN_FIXTURES / "heavy_register",
+        PLUGIN_FIXTURES / "squatter",
+    ),
 }
 
 

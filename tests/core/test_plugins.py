@@ -66,10 +66,14 @@ def _last_json_line(stdout: str) -> Any:
 
 
 def test_hookspecs_module_declares_the_expected_hooks():
-    assert len(HOOK_NAMES) >= 11
-    assert {"fabric_register_strategies", "fabric_auto_accelerator", "fabric_checkpoint_loader"} <= set(
-        HOOK_NAMES
-    )
+    assert len(HOOK_NAMES) >= 12
+    assert {
+        "fabric_register_strategies",
+        "fabric_auto_accelerator",
+        "fabric_adjust_strategy",
+        "fabric_select_checkpoint_reader",
+    } <= set(HOOK_NAMES)
+    assert set(hookspecs.HOOK_NAMES) == set(HOOK_NAMES)
 
 
 @pytest.mark.parametrize("hook_name", HOOK_NAMES)
@@ -101,8 +105,8 @@ class CountingCPUAccelerator(CPUAccelerator):
 class RecordingStrategy(SingleDeviceStrategy):
     """Keeps the cluster environment it is connected with (the single-device strategy does not need one)."""
 
-    def connect(self, *, cluster_environment: Any = None, **kwargs: Any) -> None:
-        super().connect(cluster_environment=cluster_environment, **kwargs)
+    def attach(self, *, cluster_environment: Any = None, **kwargs: Any) -> None:
+        super().attach(cluster_environment=cluster_environment, **kwargs)
         self.cluster_environment = cluster_environment
 
 
@@ -187,9 +191,10 @@ def test_hook_fabric_register_strategies_installed_distribution_resolves_and_tra
         "strategy": "fabric_example_plugin.strategy:StepCountingStrategy",
         "steps": 3,
     }
-    # FABRIC_TRACE_HOOKS=1 prints every decision hook call with its arguments and result.
-    assert "[fabric hooks]" in done.stderr
-    assert "fabric_select_precision" in done.stderr and "finish fabric_select_launcher" in done.stderr
+    # FABRIC_TRACE_HOOKS=1 prints every registration and decision, with who made it.
+    assert "[fabric hooks] fabric_register_strategies: fabric-example-plugin registered example_single" in done.stderr
+    assert re.search(r"fabric_select_precision\(.*\) -> .*\(answered by fabric-core", done.stderr)
+    assert "fabric_select_launcher(" in done.stderr
 
 
 def test_hook_fabric_register_precisions(use_registry):
@@ -360,16 +365,18 @@ def test_hook_fabric_select_launcher(use_registry):
     )  # the core's default: no launcher for one device
 
 
-def test_hook_fabric_checkpoint_loader(use_registry, tmp_path):
+def test_hook_fabric_select_checkpoint_reader(use_registry, tmp_path):
     """A plugin-owned directory format is read through the hook, by a strategy that does not know it."""
+    seen = []
 
-    def load_directory(path: Path, map_location: Any) -> dict[str, Any]:
+    def load_directory(path: Path, map_location: Any = "cpu", weights_only: bool | None = None) -> dict[str, Any]:
+        seen.append(weights_only)
         meta = json.loads((path / "meta.json").read_text())
         return {"model": torch.load(path / "weights.pt", map_location=map_location), **meta}
 
     class Plugin:
         @hookimpl(tryfirst=True)
-        def fabric_checkpoint_loader(self, path):
+        def fabric_select_checkpoint_reader(self, path):
             return load_directory if (path / "meta.json").is_file() else None
 
     use_registry(Plugin())
@@ -384,13 +391,98 @@ def test_hook_fabric_checkpoint_loader(use_registry, tmp_path):
     assert raw["step"] == 12 and torch.equal(raw["model"]["weight"], source.weight)
 
     target = torch.nn.Linear(3, 2)
-    remainder = fabric.load(folder, {"model": target})
-    assert remainder == {"step": 12}
+    remainder = fabric.load(folder, {"model": target}, weights_only=False)
+    assert remainder == {"step": 12} and seen == [None, False]  # weights_only reaches the reader
     assert torch.equal(target.weight, source.weight) and torch.equal(target.bias, source.bias)
 
     # Single files are still read by the core's checkpoint I/O.
     fabric.save(tmp_path / "plain.ckpt", {"model": source, "step": 3})
     assert fabric.load(tmp_path / "plain.ckpt", {"model": torch.nn.Linear(3, 2)}) == {"step": 3}
+
+
+def test_hook_fabric_adjust_strategy(use_registry):
+    calls = []
+
+    class Plugin:
+        @hookimpl
+        def fabric_register_strategies(self, registrar):
+            registrar.add("recording", RecordingStrategy)
+            registrar.add("family_default", RecordingStrategy)
+
+        @hookimpl
+        def fabric_adjust_strategy(self, registry, strategy, accelerator, num_devices, num_nodes):
+            calls.append((strategy, type(accelerator), num_devices, num_nodes))
+            return "recording" if strategy == "family_default" else None
+
+    use_registry(Plugin())
+    fabric = Fabric(accelerator="cpu", strategy="Family_Default", devices=1)
+    assert type(fabric.strategy) is RecordingStrategy
+    assert calls == [("family_default", CPUAccelerator, 1, 1)]
+    assert type(Fabric(accelerator="cpu", strategy="single_device").strategy) is SingleDeviceStrategy
+    # A strategy object is used as it is: nothing to adjust.
+    Fabric(accelerator="cpu", strategy=SingleDeviceStrategy())
+    assert len(calls) == 2
+
+
+def test_decision_precedence_is_the_load_order_within_tryfirst_plain_trylast(use_registry):
+    """One rule for names and decisions: earlier in the load order first (here: the order of the extras)."""
+
+    def plugin(answer: str, **marks: bool) -> Any:
+        class Plugin:
+            @hookimpl(**marks)
+            def fabric_auto_accelerator(self, registry):
+                return answer
+
+        return Plugin()
+
+    registry = use_registry(plugin("plain-early"), plugin("first-late", tryfirst=True), plugin("plain-late"))
+    assert registry.decisions.auto_accelerator() == "first-late"
+    registry = use_registry(plugin("plain-early"), plugin("plain-late"))
+    assert registry.decisions.auto_accelerator() == "plain-early"  # pluggy alone would say "plain-late"
+    registry = use_registry(plugin("last", trylast=True))
+    assert registry.decisions.auto_accelerator() == "cpu"  # trylast too, but the core is earlier in the load order
+
+
+def test_a_raising_decision_hook_is_skipped_unless_it_owns_the_decision(use_registry):
+    class Plugin:
+        @hookimpl
+        def fabric_register_strategies(self, registrar):
+            registrar.add("recording", RecordingStrategy)
+
+        @hookimpl(tryfirst=True)
+        def fabric_select_launcher(self, registry, strategy):
+            raise RuntimeError("launcher hook broken")
+
+        @hookimpl(tryfirst=True)
+        def fabric_select_precision(self, registry, precision, strategy, accelerator):
+            if isinstance(strategy, RecordingStrategy):
+                raise ValueError("recording runs only 64-true")  # its own strategy: the user must see this
+            raise RuntimeError("precision hook broken")
+
+    registry = use_registry(Plugin())
+    with pytest.warns(FabricPluginWarning, match="fabric_select_launcher.*RuntimeError: launcher hook broken"):
+        fabric = Fabric(accelerator="cpu", strategy="single_device")
+    assert type(fabric.strategy.precision) is FullPrecision  # the core's default answered
+    stages = {f.stage for f in registry.failures}
+    assert {"hook fabric_select_launcher", "hook fabric_select_precision"} <= stages
+    with pytest.raises(ValueError, match="recording runs only 64-true"):
+        Fabric(accelerator="cpu", strategy="recording")
+
+
+def test_registration_calls_are_traced(use_registry, monkeypatch, capsys):
+    monkeypatch.setenv("FABRIC_TRACE_HOOKS", "1")
+
+    class Plugin:
+        @hookimpl
+        def fabric_register_strategies(self, registrar):
+            registrar.add("recording", RecordingStrategy)
+
+    use_registry(Plugin())
+    Fabric(accelerator="cpu", strategy="recording")
+    err = capsys.readouterr().err
+    assert "[fabric hooks] fabric_register_strategies: Plugin registered recording" in err
+    assert "[fabric hooks] fabric_register_strategies: fabric-core registered single_device" in err
+    assert re.search(r"fabric_select_launcher\(strategy=.*\) -> None \(no plugin answered\)", err)
 
 
 # ---------------------------------------------------------------------------------------------------- real installs
@@ -532,7 +624,7 @@ def test_name_conflicts_first_registration_wins_unless_override(plugin_sites):
     replaced = [w for w in result["warnings"] if "'replaced'" in w]
     assert (
         len(twin) == 1
-        and "fabric-conflict-a and fabric-conflict-b" in twin[0]
+        and "registered by fabric-conflict-b is ignored: fabric-conflict-a has it" in twin[0]
         and "first registration wins" in twin[0]
     )
     assert len(replaced) == 1 and "override=True" in replaced[0]
@@ -555,7 +647,10 @@ def test_conflict_with_a_builtin_keeps_the_builtin(use_registry):
     assert registry.get("accelerator", "cpu").load() is CountingCPUAccelerator
     assert any("'single_device'" in m and "first registration wins" in m for m in messages)
     assert any("'cpu'" in m and "override=True" in m for m in messages)
-    assert [e.name for e in registry.shadowed] == ["cpu", "single_device"]
+    assert sorted((c.name, c.loser, c.winner) for c in registry.conflicts) == [
+        ("cpu", "fabric-core", "Plugin"),
+        ("single_device", "Plugin", "fabric-core"),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -587,6 +682,206 @@ def test_autoload_switch(plugin_sites, env, expected_example, expect_failures):
         assert ("fabric-example-plugin" in report["not_loaded"]) is not expected_example
     else:
         assert report["not_loaded"] == []
+
+
+PARALLEL_EXAMPLE = textwrap.dedent(
+    """
+    import json
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    from fabric_core import Fabric
+    from fabric_core import registry as registry_module
+    from fabric_core.hookspecs import hookimpl
+    from fabric_core.strategies import ParallelStrategy
+
+
+    class AveragingStrategy(ParallelStrategy):
+        def setup_module(self, module):
+            return DistributedDataParallel(module, bucket_cap_mb=8)
+
+        def unwrap_module(self, module):
+            return module.module if isinstance(module, DistributedDataParallel) else module
+
+
+    class Plugin:
+        @hookimpl
+        def fabric_register_strategies(self, registrar):
+            registrar.add("averaging", AveragingStrategy)
+
+
+    # Every rank (the launcher re-runs this script) registers the plugin the same way.
+    registry_module._registry = registry_module.build_registry(extra_plugins=(Plugin(),))
+    fabric = Fabric(accelerator="cpu", strategy="averaging", devices=2)
+    fabric.launch()
+    torch.manual_seed(0)
+    model, optimizer = fabric.setup(torch.nn.Linear(4, 1), torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1))
+    x = torch.full((2, 4), float(fabric.global_rank + 1))
+    fabric.backward(model(x).sum())
+    total = fabric.all_reduce(torch.tensor(float(fabric.global_rank)), reduce_op="sum")
+    print(json.dumps({"rank": fabric.global_rank, "world": fabric.world_size, "sum": total.item(),
+                      "grad": model.module.weight.grad.tolist(), "strategy": type(fabric.strategy).__name__}))
+    """
+)
+
+
+def test_documented_parallel_strategy_example_runs_two_processes(tmp_path):
+    """docs/plugins.md's ParallelStrategy example: two real processes, gradients averaged by DDP."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    script = tmp_path / "averaging.py"
+    script.write_text(PARALLEL_EXAMPLE)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FABRIC_", "TORCHELASTIC_", "SLURM_"))}
+    for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR"):
+        env.pop(key, None)
+    env.update(MASTER_PORT=str(port), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = sorted((json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")), key=lambda r: r["rank"])
+    assert [r["rank"] for r in rows] == [0, 1] and {r["world"] for r in rows} == {2}
+    assert {r["strategy"] for r in rows} == {"AveragingStrategy"} and {r["sum"] for r in rows} == {1.0}
+    assert rows[0]["grad"] == rows[1]["grad"] == [[3.0, 3.0, 3.0, 3.0]]  # mean of 2*1 and 2*2 per weight
+
+
+def test_a_misspelled_hook_rejects_the_plugin_at_discovery(plugin_sites):
+    done = plugin_sites.run("strict", ["fabric", "plugins", "--json"])
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    typo = [f for f in report["failures"] if f["distribution"] == "fabric-hook-typo"]
+    assert len(typo) == 1 and typo[0]["version"] == "2.0.0" and typo[0]["stage"] == "validation"
+    assert "'fabric_register_strategy', which is not a Fabric hook" in typo[0]["error"]
+    assert "Did you mean 'fabric_register_strategies'?" in typo[0]["error"]
+    names = {e["name"] for e in report["entries"]}
+    assert "typo_cpu" not in names and "example_single" in names  # rejected as a whole; others unaffected
+
+
+STRICT_CODE = textwrap.dedent(
+    """
+    import json, tempfile, warnings
+    from pathlib import Path
+    import torch
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from fabric_core import Fabric
+        fabric = Fabric(devices=1)  # auto accelerator, auto strategy, environment, precision, launcher: all raise
+        model, optimizer = fabric.setup(torch.nn.Linear(2, 1), torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1))
+        folder = Path(tempfile.mkdtemp())
+        try:
+            fabric.load(folder, {"model": model})
+            load_error = None
+        except ValueError as err:
+            load_error = str(err)
+    print(json.dumps({
+        "accelerator": fabric.accelerator.name,
+        "strategy": type(fabric.strategy).__name__,
+        "load_error": load_error,
+        "warnings": [str(w.message) for w in caught if "Plugin" in w.category.__name__],
+    }))
+    """
+)
+
+
+def test_broken_plugins_do_not_break_names_they_do_not_own(plugin_sites):
+    """sys.exit() at import, and decision hooks that raise: Fabric() still works, each failure is named."""
+    done = plugin_sites.python("strict", STRICT_CODE)
+    assert done.returncode == 0, done.stderr
+    result = _last_json_line(done.stdout)
+    assert result["accelerator"] == "cpu" and result["strategy"] == "SingleDeviceStrategy"
+    assert "no installed plugin recognises it as a checkpoint" in result["load_error"]
+    joined = "\n".join(result["warnings"])
+    assert "fabric-exits-at-import 2.0.0" in joined and "SystemExit: 3" in joined
+    for hook in ("fabric_auto_accelerator", "fabric_auto_strategy", "fabric_select_precision",
+                 "fabric_detect_cluster_environment", "fabric_select_launcher", "fabric_select_checkpoint_reader"):  # fmt: skip
+        assert f"fabric-raising-decisions 2.0.0 (plugin 'raising_decisions', hook {hook})" in joined, hook
+
+
+def test_fabric_plugins_check_runs_decision_hooks_and_flags_heavy_registration_modules(plugin_sites):
+    done = plugin_sites.run("strict", ["fabric", "plugins", "--check", "--json"])
+    assert done.returncode == 1, done.stderr  # broken plugins and a heavy registration module
+    report = json.loads(done.stdout)
+    stages = {(f["distribution"], f["stage"]) for f in report["failures"]}
+    assert ("fabric-exits-at-import", "import") in stages
+    assert ("fabric-raising-decisions", "hook fabric_select_launcher") in stages
+    assert ("fabric-raising-decisions", "hook fabric_detect_cluster_environment") in stages
+    heavy = {p["distribution"]: p["heavy_imports"] for p in report["plugins"]}
+    assert "torch.distributed" in heavy["fabric-heavy-register"] and heavy["fabric-example-plugin"] == []
+    answering = {p["distribution"]: p["decision_hooks"] for p in report["plugins"]}
+    assert "fabric_select_launcher" in answering["fabric-raising-decisions"]
+    table = plugin_sites.run("strict", ["fabric", "plugins", "--check"]).stdout
+    assert "Registration modules that import heavy modules" in table and "fabric-heavy-register" in table
+
+
+def test_one_plugin_is_switched_off_by_name(plugin_sites):
+    env = {"FABRIC_DISABLE_PLUGINS": "exits_at_import, fabric-raising-decisions,no_such_plugin"}
+    done = plugin_sites.run("strict", ["fabric", "plugins", "--json"], env=env)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert {"fabric-exits-at-import", "fabric-raising-decisions"} <= set(report["blocked"])
+    assert not {"fabric-exits-at-import", "fabric-raising-decisions"} & {f["distribution"] for f in report["failures"]}
+    warned = plugin_sites.python("strict", "from fabric_core.registry import get_registry; get_registry()", env=env)
+    assert "FABRIC_DISABLE_PLUGINS names 'no_such_plugin', but no installed Fabric plugin has that" in warned.stderr
+    allow = plugin_sites.python(
+        "strict",
+        "from fabric_core.registry import get_registry; get_registry()",
+        env={"FABRIC_DISABLE_PLUGIN_AUTOLOAD": "1", "FABRIC_PLUGINS": "exampel"},
+    )
+    assert "FABRIC_PLUGINS names 'exampel'" in allow.stderr and "example (fabric-example-plugin)" in allow.stderr
+
+
+def test_first_party_names_are_not_taken_silently(plugin_sites):
+    code = textwrap.dedent(
+        """
+        import json, warnings
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            from fabric_core.registry import get_registry
+            registry = get_registry()
+        try:
+            from fabric_core import Fabric
+            Fabric(accelerator="cpu", strategy="ddp", devices=1)
+            error = None
+        except ValueError as err:
+            error = str(err)
+        entry = registry.lookup("strategy", "ddp")
+        print(json.dumps({
+            "ddp": entry.distribution if entry else None,
+            "squatter_single": registry.get("strategy", "squatter_single").distribution,
+            "error": error,
+            "warnings": [str(w.message) for w in caught],
+        }))
+        """
+    )
+    # fabric-ddp (installed in the venv) loads before third parties, whatever their names.
+    done = plugin_sites.python("strict", code)
+    assert done.returncode == 0, done.stderr
+    result = _last_json_line(done.stdout)
+    assert result["ddp"] == "fabric-ddp" and result["squatter_single"] == "fabric-aaa-squatter"
+    assert result["error"] is None
+    assert any("'ddp' registered by fabric-aaa-squatter is ignored: fabric-ddp has it" in w for w in result["warnings"])
+
+
+def test_a_first_party_name_is_reserved_while_its_distribution_is_absent(use_registry, install_hint):
+    class Squatter:
+        @hookimpl
+        def fabric_register_strategies(self, registrar):
+            registrar.add("ddp", RecordingStrategy)
+            registrar.add("fsdp", RecordingStrategy, override=True)
+
+    with pytest.warns(FabricPluginWarning) as record:
+        registry = use_registry(Squatter())  # autoload is off here: fabric-ddp and fabric-fsdp are not loaded
+    assert ("strategy", "ddp") not in registry
+    assert any("'ddp' registered by Squatter is ignored: fabric-ddp has it (it is reserved" in str(w.message) for w in record)
+    with pytest.raises(ValueError, match=install_hint("fabric-ddp")):
+        Fabric(accelerator="cpu", strategy="ddp")
+    # override=True takes a reserved name, visibly.
+    assert registry.get("strategy", "fsdp").distribution == "Squatter"
+    assert any("'fsdp' of fabric-fsdp is replaced by Squatter" in str(w.message) for w in record)
 
 
 # ---------------------------------------------------------------------------------------------------- resolution errors

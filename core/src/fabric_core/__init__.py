@@ -9,8 +9,9 @@ The public names are imported on first access (PEP 562), so importing a light su
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from fabric_core.utilities.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from fabric_core.fabric import Fabric
@@ -18,23 +19,9 @@ if TYPE_CHECKING:
     from fabric_core.wrappers import is_wrapped
 
 __all__ = ["Fabric", "is_wrapped", "seed_everything"]
-__version__ = "0.1.0"
 
-_LAZY = {
-    "Fabric": "fabric_core.fabric",
-    "seed_everything": "fabric_core.utilities.seed",
-    "is_wrapped": "fabric_core.wrappers",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'fabric_core' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    "fabric-core",
+    {"Fabric": "fabric_core.fabric", "seed_everything": "fabric_core.utilities.seed", "is_wrapped": "fabric_core.wrappers"},
+)

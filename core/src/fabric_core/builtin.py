@@ -1,8 +1,13 @@
-"""The core's own plugin: built-in names and the default answers to every decision hook.
+"""The core's own plugin: built-in names, the names of this project's other distributions, and the default
+answers to every decision hook.
 
 It is registered first and through the same hooks as external plugins. Targets are import strings so that
 building the registry imports nothing beyond this module. Default decision hooks are ``trylast`` so any
 installed plugin can answer before them.
+
+The first-party distributions are named here, and only here, with :meth:`~fabric_core.registry.Registrar.provided_by`:
+asking for one of their names while the distribution is missing says what to install, and nobody else can take
+those names without ``override=True``.
 """
 
 from __future__ import annotations
@@ -16,36 +21,77 @@ if TYPE_CHECKING:
     from fabric_core.registry import Registrar, Registry
     from fabric_core.strategies.base import Strategy
 
-_P = "fabric_core."
+_CORE = "fabric_core."
+
+#: What this project's other distributions provide, by kind (names or fnmatch patterns).
+FIRST_PARTY: dict[str, dict[str, tuple[str, ...]]] = {
+    "fabric-ddp": {
+        "strategy": (
+            "ddp",
+            "ddp_spawn",
+            "ddp_fork",
+            "ddp_notebook",
+            "ddp_find_unused_parameters_true",
+            "ddp_find_unused_parameters_false",
+            "dp",
+        )
+    },
+    "fabric-fsdp": {"strategy": ("fsdp", "fsdp_cpu_offload", "fsdp_hybrid", "fsdp_no_reshard", "fsdp_*")},
+    "fabric-deepspeed": {
+        "strategy": (
+            "deepspeed",
+            "deepspeed_stage_1",
+            "deepspeed_stage_1_offload",
+            "deepspeed_stage_2",
+            "deepspeed_stage_2_offload",
+            "deepspeed_stage_3",
+            "deepspeed_stage_3_offload",
+            "deepspeed_stage_3_offload_nvme",
+            "deepspeed_*",
+        )
+    },
+    "fabric-xla": {"strategy": ("xla", "xla_fsdp", "single_xla", "xla_*"), "accelerator": ("tpu", "xla")},
+    "fabric-amp": {"precision": ("16-mixed", "bf16-mixed", "16", "bf16")},
+}
+
+
+def _declare_first_party(registrar: Registrar) -> None:
+    for distribution, kinds in FIRST_PARTY.items():
+        names = kinds.get(registrar.kind, ())
+        if names:
+            registrar.provided_by(distribution, *names)
 
 
 @hookimpl
 def fabric_register_accelerators(registrar: Registrar) -> None:
-    registrar.add("cpu", _P + "accelerators.cpu:CPUAccelerator", description="CPU processes")
-    registrar.add("cuda", _P + "accelerators.cuda:CUDAAccelerator", description="NVIDIA GPUs")
-    registrar.add("mps", _P + "accelerators.mps:MPSAccelerator", description="Apple Silicon GPU")
+    _declare_first_party(registrar)
+    registrar.add("cpu", _CORE + "accelerators.cpu:CPUAccelerator", description="CPU processes")
+    registrar.add("cuda", _CORE + "accelerators.cuda:CUDAAccelerator", description="NVIDIA GPUs")
+    registrar.add("mps", _CORE + "accelerators.mps:MPSAccelerator", description="Apple Silicon GPU")
 
 
 @hookimpl
 def fabric_register_strategies(registrar: Registrar) -> None:
+    _declare_first_party(registrar)
     registrar.add(
         "single_device",
-        _P + "strategies.single_device:SingleDeviceStrategy",
+        _CORE + "strategies.single_device:SingleDeviceStrategy",
         description="one process on one device",
     )
 
 
 @hookimpl
 def fabric_register_precisions(registrar: Registrar) -> None:
+    _declare_first_party(registrar)
     registrar.add(
-        "32-true", _P + "precision.full:FullPrecision", description="float32 weights and math", aliases={"32": None}
+        "32-true", _CORE + "precision.full:FullPrecision", description="float32 weights and math", aliases={"32": None}
     )
     registrar.add(
-        "64-true", _P + "precision.double:DoublePrecision", description="float64 weights and math", aliases={"64": None}
+        "64-true", _CORE + "precision.double:DoublePrecision", description="float64 weights and math", aliases={"64": None}
     )
-    registrar.add("16-true", _P + "precision.half:HalfPrecision", description="float16 weights, no autocast", precision="16-true")
+    registrar.add("16-true", _CORE + "precision.half:HalfPrecision", description="float16 weights, no autocast", precision="16-true")
     registrar.add(
-        "bf16-true", _P + "precision.half:HalfPrecision", description="bfloat16 weights, no autocast", precision="bf16-true"
+        "bf16-true", _CORE + "precision.half:HalfPrecision", description="bfloat16 weights, no autocast", precision="bf16-true"
     )
 
 
@@ -53,13 +99,13 @@ def fabric_register_precisions(registrar: Registrar) -> None:
 def fabric_register_launchers(registrar: Registrar) -> None:
     registrar.add(
         "subprocess",
-        _P + "launchers.subprocess_script:SubprocessScriptLauncher",
+        _CORE + "launchers.subprocess_script:SubprocessScriptLauncher",
         description="re-runs the script for local ranks 1..N-1",
     )
     for method in ("spawn", "fork", "forkserver"):
         registrar.add(
             method,
-            _P + "launchers.multiprocessing:MultiProcessingLauncher",
+            _CORE + "launchers.multiprocessing:MultiProcessingLauncher",
             description=f"multiprocessing ({method}) running a function",
             start_method=method,
         )
@@ -67,7 +113,7 @@ def fabric_register_launchers(registrar: Registrar) -> None:
 
 @hookimpl
 def fabric_register_environments(registrar: Registrar) -> None:
-    env = _P + "environments."
+    env = _CORE + "environments."
     registrar.add("torchelastic", env + "torchelastic:TorchElasticEnvironment", description="torchrun / fabric run")
     registrar.add("slurm", env + "slurm:SLURMEnvironment", description="SLURM srun")
     registrar.add("lsf", env + "lsf:LSFEnvironment", description="IBM LSF jsrun")
@@ -118,7 +164,7 @@ def fabric_detect_cluster_environment(registry: Registry) -> Any:
 
 @hookimpl(trylast=True)
 def fabric_select_launcher(registry: Registry, strategy: Strategy) -> Any:
-    env = getattr(strategy, "cluster_environment", None)
+    env = strategy.cluster_environment
     if strategy.launcher_name is None or (env is not None and env.creates_processes_externally):
         return None
     return registry.create("launcher", strategy.launcher_name, strategy)

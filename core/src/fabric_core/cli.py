@@ -2,17 +2,16 @@
 
 Built on argparse so the core needs no CLI dependency. Importing this module is cheap (no torch): ``fabric
 --help`` must answer instantly, and ``fabric plugins`` lists every registered name *without* importing the
-modules behind them; ``fabric plugins --check`` imports each one and reports whether it can be used here.
+modules behind them; ``fabric plugins --check`` imports each one, reports whether it can be used here, runs
+every plugin's decision hooks once with a CPU probe, and flags registration modules that import heavy modules.
 
-``run`` and ``consolidate`` live in :mod:`fabric_core.cli_run`, which provides
-``add_run_parser(subparsers)`` (adds its sub-parsers, ``dest="command"``) and ``run_main(args) -> int``.
-It is imported only to build the parser, so a missing module leaves ``fabric plugins`` working.
+``run`` lives in :mod:`fabric_core.cli_run` (it parses its own line: Fabric's options may follow SCRIPT) and
+``consolidate`` in :mod:`fabric_core.cli_consolidate`.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 import warnings
@@ -27,14 +26,9 @@ NOT_CHECKED = "not checked"
 
 
 def _core_version() -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
+    from fabric_core import __version__
 
-    try:
-        return version("fabric-core")
-    except PackageNotFoundError:  # running from a source tree that is not installed
-        from fabric_core import __version__
-
-        return __version__
+    return __version__
 
 
 # ------------------------------------------------------------------------------------------------- fabric plugins
@@ -83,24 +77,19 @@ def collect_plugins(
                     "error": error,
                 }
             )
-    conflicts = []
-    for loser in registry.shadowed:
-        if kinds and loser.kind not in kinds:
-            continue
-        kept = registry._lookup_entry(loser.kind, loser.name)
-        conflicts.append(
-            {
-                "kind": loser.kind,
-                "name": loser.name,
-                "ignored": loser.distribution,
-                "used": kept.distribution if kept is not None else None,
-            }
-        )
+    conflicts = [
+        {"kind": c.kind, "name": c.name, "ignored": c.loser, "used": c.winner, "reason": c.reason}
+        for c in registry.conflicts
+        if not kinds or c.kind in kinds
+    ]
+    if check:
+        probe_decision_hooks(registry)
     failures = [
         {
             "plugin": failure.plugin,
             "distribution": failure.distribution,
             "version": failure.version,
+            "stage": failure.stage,
             "error": f"{type(failure.error).__name__}: {failure.error}",
         }
         for failure in registry.failures
@@ -109,10 +98,68 @@ def collect_plugins(
         "fabric_core_version": core_version,
         "checked": check,
         "entries": entries,
+        "plugins": describe_plugins(registry, check),
         "failures": failures,
         "conflicts": conflicts,
         "not_loaded": sorted(set(registry.skipped)),
+        "blocked": sorted(set(registry.blocked)),
     }
+
+
+def describe_plugins(registry: Registry, check: bool) -> list[dict[str, Any]]:
+    """Each loaded plugin: its distribution, the decision hooks it answers, and (with ``check``) heavy imports."""
+    from fabric_core.discovery import REGISTRATION_HOOKS
+
+    pm = registry.plugin_manager
+    out = []
+    for info in sorted(registry.plugins.values(), key=lambda i: i.position):
+        plugin = pm.get_plugin(info.name)
+        hooks = sorted(
+            caller.name for caller in (pm.get_hookcallers(plugin) or []) if caller.name not in REGISTRATION_HOOKS.values()
+        ) if plugin is not None else []
+        row: dict[str, Any] = {
+            "plugin": info.name,
+            "distribution": info.distribution,
+            "version": info.version,
+            "first_party": info.first_party,
+            "decision_hooks": hooks,
+        }
+        if check:
+            row["heavy_imports"] = list(info.heavy_imports)
+        out.append(row)
+    return out
+
+
+def probe_decision_hooks(registry: Registry) -> None:
+    """Call every plugin's decision hooks once with a CPU, single-device probe; failures land in ``registry.failures``.
+
+    A hook that raises during a real ``Fabric()`` is skipped and reported then; this makes ``fabric plugins --check``
+    find such a plugin before a run does. Answers are discarded.
+    """
+    import tempfile
+    from pathlib import Path
+
+    from fabric_core.accelerators.cpu import CPUAccelerator
+    from fabric_core.strategies.single_device import SingleDeviceStrategy
+
+    accelerator = CPUAccelerator()
+    strategy = SingleDeviceStrategy(device="cpu")
+    with tempfile.TemporaryDirectory() as tmp:
+        arguments = {
+            "registry": registry,
+            "accelerator": accelerator,
+            "strategy": strategy,
+            "num_devices": 1,
+            "num_nodes": 1,
+            "interactive": False,
+            "precision": "32-true",
+            "path": Path(tmp),
+        }
+        decisions = registry.decisions
+        for hook_name in decisions.hook_names():
+            impls = [impl for impl in decisions.implementations(hook_name) if registry.plugin_for(impl.plugin_name).distribution != "fabric-core"]
+            for impl in impls:
+                decisions.call_one(impl, hook_name, {**arguments, "strategy": strategy if hook_name != "fabric_adjust_strategy" else "single_device"})
 
 
 def _qualname(obj: Any) -> str:
@@ -146,13 +193,26 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(
             "Targets are imported lazily; run `fabric plugins --check` to import each one and test availability."
         )
+    answering = [p for p in report["plugins"] if p["decision_hooks"]]
+    if answering:
+        lines.append("")
+        lines.append("Decision hooks answered (asked tryfirst, plain, trylast; earlier in the load order first):")
+        for p in answering:
+            lines.append(f"  {p['distribution']}: {', '.join(p['decision_hooks'])}")
+    heavy = [p for p in report["plugins"] if p.get("heavy_imports")]
+    if heavy:
+        lines.append("")
+        lines.append("Registration modules that import heavy modules (every Fabric() pays for this; register import strings):")
+        for p in heavy:
+            lines.append(f"  {p['distribution']} (plugin {p['plugin']!r}): {', '.join(p['heavy_imports'])}")
     if report["conflicts"]:
         lines.append("")
-        lines.append(
-            "Conflicting registrations (the first registration wins unless a plugin passed override=True):"
-        )
+        lines.append("Conflicting registrations (earlier in the load order wins unless a plugin passed override=True):")
         for c in report["conflicts"]:
-            lines.append(f"  {c['kind']} {c['name']!r}: using {c['used']}, ignoring {c['ignored']}")
+            lines.append(f"  {c['kind']} {c['name']!r}: using {c['used']}, ignoring {c['ignored']} ({c['reason']})")
+    if report["blocked"]:
+        lines.append("")
+        lines.append("Installed but switched off by FABRIC_DISABLE_PLUGINS: " + ", ".join(report["blocked"]))
     if report["not_loaded"]:
         lines.append("")
         lines.append(
@@ -166,7 +226,7 @@ def format_table(report: dict[str, Any]) -> str:
         )
         for f in report["failures"]:
             version = f" {f['version']}" if f["version"] else ""
-            lines.append(f"  {f['distribution']}{version} (plugin {f['plugin']!r}): {f['error']}")
+            lines.append(f"  {f['distribution']}{version} (plugin {f['plugin']!r}, {f['stage']}): {f['error']}")
     return "\n".join(lines)
 
 
@@ -182,30 +242,13 @@ def plugins_main(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
     else:
         print(format_table(report))
-    if args.check and (report["failures"] or any(e["status"] == "error" for e in report["entries"])):
+    broken = report["failures"] or any(e["status"] == "error" for e in report["entries"])
+    if args.check and (broken or any(p.get("heavy_imports") for p in report["plugins"])):
         return 1
     return 0
 
 
 # ------------------------------------------------------------------------------------------------- parser
-
-
-def _load_cli_run() -> Any | None:
-    """The ``run``/``consolidate`` implementation, or ``None`` when this installation does not have it."""
-    try:
-        return importlib.import_module("fabric_core.cli_run")
-    except ImportError as err:
-        if err.name == "fabric_core.cli_run":
-            return None
-        raise  # the module exists but one of its own imports is broken: show that, don't hide the command
-
-
-def _missing_command(args: argparse.Namespace) -> int:
-    print(
-        f"error: `fabric {args.command}` is not available in this installation of fabric-core.",
-        file=sys.stderr,
-    )
-    return 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -233,21 +276,11 @@ def build_parser() -> argparse.ArgumentParser:
     plugins.add_argument("--kind", action="append", choices=KINDS, help="only this kind (repeatable)")
     plugins.set_defaults(handler=plugins_main)
 
-    cli_run = _load_cli_run()
-    if cli_run is not None:
-        cli_run.add_run_parser(subparsers)
-    if "consolidate" not in subparsers.choices:  # format-agnostic: reads through the checkpoint-loader hook
-        from fabric_core.cli_consolidate import add_consolidate_parser
+    from fabric_core.cli_consolidate import add_consolidate_parser
+    from fabric_core.cli_run import add_run_parser
 
-        add_consolidate_parser(subparsers)
-    for name in ("run", "consolidate"):
-        if name not in subparsers.choices:  # keep the documented commands visible, with a clear error
-            placeholder = subparsers.add_parser(
-                name, help="(not available in this installation)", add_help=False
-            )
-            placeholder.add_argument("rest", nargs=argparse.REMAINDER)
-            placeholder.set_defaults(handler=_missing_command)
-    parser.set_defaults(_cli_run=cli_run)
+    add_run_parser(subparsers)
+    add_consolidate_parser(subparsers)
     return parser
 
 
@@ -255,21 +288,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fabric`` console script and of ``python -m fabric_core``."""
     from fabric_core.registry import FabricPluginWarning
 
-    # Building the parser may build the registry (``run`` lists installed names as choices). Its warnings about
-    # broken or conflicting plugins are part of the ``fabric plugins`` report; for other commands show them.
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run"]:  # `run` parses its own line: Fabric's options may come after SCRIPT
+        from fabric_core.cli_run import main as run
+
+        return run(argv[1:])
+    # Building the registry reports broken or conflicting plugins as warnings; they are part of the `fabric plugins`
+    # report, so only other commands show them.
     with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", FabricPluginWarning)
         parser = build_parser()
         args = parser.parse_args(argv)
-    for w in caught:
-        if not (args.command == "plugins" and issubclass(w.category, FabricPluginWarning)):
-            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
-    if args.command is None:
-        parser.print_help()
-        return 2
-    handler = getattr(args, "handler", None)
-    if handler is not None:
-        return int(handler(args) or 0)
-    return int(args._cli_run.run_main(args) or 0)
+        if args.command is None:
+            parser.print_help()
+            return 2
+        try:
+            return int(args.handler(args) or 0)
+        finally:
+            for w in caught:
+                if not (args.command == "plugins" and issubclass(w.category, FabricPluginWarning)):
+                    warnings.showwarning(w.message, w.category, w.filename, w.lineno)
 
 
 if __name__ == "__main__":

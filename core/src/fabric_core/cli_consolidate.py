@@ -1,7 +1,7 @@
 """``fabric consolidate CHECKPOINT_DIR [--output_file PATH]``: one ``torch.load``-able file from a checkpoint folder.
 
-The core knows no sharded format. It asks the ``fabric_checkpoint_loader`` hook which installed plugin can
-read the folder (fabric-fsdp reads its sharded checkpoints, a DeepSpeed plugin could read its own), loads it
+The core knows no sharded format. It asks the ``fabric_select_checkpoint_reader`` hook which installed plugin can
+read the folder (each sharding plugin reads the folders its strategies write), loads it
 in this one process with that plugin's reader, and writes the result with the core's crash-safe
 :func:`~fabric_core.io.checkpoint_io.atomic_save`. So a new checkpoint format gets ``consolidate`` for free by
 implementing the hook, and the CLI has no plugin knowledge.
@@ -24,10 +24,10 @@ def add_consolidate_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``consolidate`` sub-command to the ``fabric`` parser."""
     parser = subparsers.add_parser(
         "consolidate",
-        help="convert a sharded checkpoint folder (e.g. FSDP) into a single checkpoint file",
+        help="convert a checkpoint folder written by a sharding strategy into a single checkpoint file",
         description=(
-            "Read a checkpoint folder written by a sharding strategy (for example `Fabric(strategy='fsdp')`) in"
-            " this one process and save it as a single file that `torch.load` and every strategy can read. The"
+            "Read a checkpoint folder written by a sharding strategy in this one process"
+            " and save it as a single file that `torch.load` and every strategy can read. The"
             " installed plugin that owns the format does the reading. Needs enough memory for the full model"
             " and optimizer state."
         ),
@@ -68,12 +68,19 @@ def consolidate_main(args: argparse.Namespace) -> int:
 
     from fabric_core.registry import get_registry
 
-    loader = get_registry().hook.fabric_checkpoint_loader(path=folder)
+    registry = get_registry()
+    loader = registry.decisions.select_checkpoint_reader(folder)
     if loader is None:
+        readers = sorted(
+            {
+                registry.plugin_for(impl.plugin_name).distribution
+                for impl in registry.decisions.implementations("fabric_select_checkpoint_reader")
+            }
+        )
         return _fail(
-            f"{str(folder)!r} is not a checkpoint folder that an installed plugin can read. Sharded checkpoints"
-            " saved with `Fabric(strategy='fsdp')` are read by fabric-fsdp (`pip install fabric-fsdp`);"
-            " `fabric plugins` lists what is installed."
+            f"{str(folder)!r} is not a checkpoint folder that an installed plugin can read. The formats installed"
+            f" here are read by: {', '.join(readers) or 'no plugin'}. A sharded checkpoint is read by the plugin"
+            " of the strategy that wrote it; install it (`fabric plugins` lists what is installed)."
         )
 
     import torch
@@ -81,7 +88,7 @@ def consolidate_main(args: argparse.Namespace) -> int:
     from fabric_core.io.checkpoint_io import atomic_save
 
     try:
-        checkpoint = loader(folder, torch.device("cpu"))
+        checkpoint = loader(folder, map_location=torch.device("cpu"))
     except Exception as err:
         return _fail(f"Could not read the checkpoint folder {str(folder)!r}: {type(err).__name__}: {err}")
     atomic_save(checkpoint, output)

@@ -1,180 +1,235 @@
 """``fabric run``: start a training script on every device of this node through torch's elastic launcher.
 
-``fabric run --devices 2 train.py --lr 0.1`` runs ``train.py --lr 0.1`` in two processes. Torch's elastic agent
-(what ``torchrun`` is) starts and watches them: if one fails, the others are stopped and the command exits
-non-zero. Inside each process ``Fabric(...)`` sees ``FABRIC_CLI_USED=1``, takes its accelerator, strategy,
-devices, num_nodes and precision from the ``FABRIC_*`` variables set here, and joins the process group in its
-constructor, so the script must not call ``fabric.launch()``.
+``fabric run train.py --devices 2 --lr 0.1`` runs ``train.py --lr 0.1`` in two processes. Fabric's own options
+are recognised anywhere on the line, before or after SCRIPT (as the well-known CLI does); every other argument
+after SCRIPT goes to the script, in order, and ``--`` ends Fabric's options (``fabric run train.py -- --devices
+8`` hands ``--devices 8`` to the script). Torch's elastic agent (what ``torchrun`` is) starts and watches the
+processes: if one fails, the others are stopped and the command exits non-zero. Inside each process
+``Fabric(...)`` sees ``FABRIC_CLI_USED=1``, takes its accelerator, strategy, devices, num_nodes and precision from
+the ``FABRIC_*`` variables set here, and joins the process group in its constructor, so the script must not call
+``fabric.launch()``.
+
+Which strategies ``fabric run`` accepts is decided by the strategy classes, not by their names: a strategy whose
+launcher can only run a function (it creates its processes itself) is refused with the
+reason; a strategy without a launcher runs as one process driving every device.
 
 Several nodes: run the same command on each with ``--num-nodes``, its own ``--node-rank`` and the address and
 port of node 0 (``--main-address``/``--main-port``).
 
-The :mod:`fabric_core.cli` module builds the ``fabric`` parser and calls :func:`add_run_parser` and
-:func:`run_main`; this module imports torch only when a run really starts.
+Usage errors print ``fabric run: error: ...`` and exit with status 2; ``--help`` prints the options and exits 0.
+This module imports torch only when a run really starts.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from fabric_core.connector import _CLI_SETTINGS, CLI_FLAG
+from fabric_core.utilities.topology import threads_per_process
 
-#: Strategies that cannot be started by ``fabric run``: they create their own processes or need a function.
-_NOT_FOR_CLI = re.compile(r"spawn|fork|notebook|xla|tpu|offload")
-_TPU_NAMES = ("tpu", "xla")
 DEFAULT_MAIN_PORT = 29400
+USAGE = "fabric run [OPTIONS] SCRIPT [SCRIPT_ARGS]...\n       fabric run [OPTIONS] -m MODULE [ARGS]..."
 
-_USAGE = "fabric run [OPTIONS] SCRIPT [SCRIPT_ARGS]...\n       fabric run [OPTIONS] -m MODULE [ARGS]..."
+
+@dataclass(frozen=True)
+class _Option:
+    dest: str
+    flags: tuple[str, ...]
+    help: str
+    default: Any = None
+    type: Any = str
+    takes_value: bool = True
 
 
+OPTIONS = (
+    _Option("accelerator", ("--accelerator",), "the hardware to run on (default: what the script's Fabric(...) says, else auto)"),
+    _Option("strategy", ("--strategy",), "the strategy; one that starts its own processes from a function is refused"),
+    _Option("devices", ("--devices",), "devices (processes) per node: a number, 'auto', or GPU indices such as '0,1' (default: 1)", "1"),
+    _Option("num_nodes", ("--num-nodes", "--num_nodes"), "number of nodes (default: 1)", 1, int),
+    _Option("node_rank", ("--node-rank", "--node_rank"), "index of this node, 0 = main (default: 0)", 0, int),
+    _Option("main_address", ("--main-address", "--main_address"), "address of node 0, where the processes meet (default: 127.0.0.1)", "127.0.0.1"),
+    _Option("main_port", ("--main-port", "--main_port"), f"a free port on node 0 (default: {DEFAULT_MAIN_PORT})", DEFAULT_MAIN_PORT, int),
+    _Option("precision", ("--precision",), "the precision (default: what the script's Fabric(...) says, else 32-true)"),
+    _Option("module", ("-m", "--module"), "treat SCRIPT as a module name and run it like `python -m MODULE` (before SCRIPT)", False, bool, False),
+)  # fmt: skip
+_BY_FLAG = {flag: option for option in OPTIONS for flag in option.flags}
+
+
+class CLIError(Exception):
+    """A bad command line or a bad combination of options; reported as ``fabric run: error: ...``, exit status 2."""
+
+
+class _Help(Exception):
+    """``--help`` was asked for."""
+
+
+@dataclass
+class RunArgs:
+    """What ``fabric run`` was asked to do."""
+
+    script: str = ""
+    script_args: list[str] = field(default_factory=list)
+    accelerator: str | None = None
+    strategy: str | None = None
+    devices: str = "1"
+    num_nodes: int = 1
+    node_rank: int = 0
+    main_address: str = "127.0.0.1"
+    main_port: int = DEFAULT_MAIN_PORT
+    precision: str | None = None
+    module: bool = False
+
+
+def help_text() -> str:
+    lines = [f"usage: {USAGE}", "", "Run SCRIPT in --devices processes on this node (and --num-nodes nodes) with torch's"]
+    lines += [
+        "elastic launcher. Fabric(...) in the script takes the options given here and joins the process group by",
+        "itself, so the script must not call fabric.launch(). Options may come before or after SCRIPT; other",
+        "arguments after SCRIPT are passed to it unchanged, and `--` passes everything after it to the script.",
+        "",
+        "options:",
+        "  -h, --help            show this help message and exit",
+    ]
+    for option in OPTIONS:
+        flags = ", ".join(option.flags) + (" VALUE" if option.takes_value else "")
+        lines.append(f"  {flags:<22}{' ' if len(flags) < 22 else chr(10) + ' ' * 24}{option.help}")
+    return "\n".join(lines) + "\n"
+
+
+def parse_run_args(argv: Sequence[str]) -> RunArgs:
+    """Parse ``fabric run``'s command line: Fabric's options anywhere, the rest after SCRIPT to the script."""
+    args = RunArgs()
+    tokens = list(argv)
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        i += 1
+        if token == "--":
+            rest = tokens[i:]
+            if not args.script:
+                if not rest:
+                    raise CLIError("missing SCRIPT after `--`.")
+                args.script, rest = rest[0], rest[1:]
+            args.script_args.extend(rest)
+            break
+        if token in ("-h", "--help"):
+            raise _Help()
+        flag, has_inline, inline = token.partition("=")
+        option = _BY_FLAG.get(flag) if token.startswith("-") else None
+        if option is not None and not (option.dest == "module" and args.script):
+            if not option.takes_value:
+                if has_inline:
+                    raise CLIError(f"option {flag} takes no value.")
+                setattr(args, option.dest, True)
+                continue
+            if has_inline:
+                value = inline
+            elif i < len(tokens):
+                value, i = tokens[i], i + 1
+            else:
+                raise CLIError(f"option {flag} needs a value.")
+            try:
+                setattr(args, option.dest, option.type(value))
+            except ValueError:
+                raise CLIError(f"option {flag}: invalid {option.type.__name__} value {value!r}.") from None
+            continue
+        if not args.script:
+            if token.startswith("-") and token != "-":
+                raise CLIError(f"unknown option {token!r} before SCRIPT (options for the script go after it).")
+            args.script = token
+        else:
+            args.script_args.append(token)
+    if not args.script:
+        raise CLIError("missing SCRIPT: the script (or, with -m, the module) to run.")
+    return args
+
+
+def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``run`` sub-command to the ``fabric`` parser (for its help; :func:`main` parses the line itself)."""
+    parser = subparsers.add_parser(
+        "run",
+        usage=USAGE,
+        add_help=False,
+        help="run a script on several devices/nodes (Fabric(...) picks the settings up; no launch() needed)",
+    )
+    parser.add_argument("argv", nargs=argparse.REMAINDER)
+    parser.set_defaults(handler=lambda parsed: main(parsed.argv))
+    return parser
+
+
+# ------------------------------------------------------------------------------------------------- decisions
 def _registry() -> Any:
     from fabric_core.registry import get_registry
 
     return get_registry()
 
 
-def _known(kind: str) -> list[str]:
-    """Names of ``kind`` that are installed or belong to one of this project's distributions."""
-    from fabric_core.registry import KNOWN_DISTRIBUTIONS
-
-    names = set(_registry().all_names(kind))
-    for kinds in KNOWN_DISTRIBUTIONS.values():
-        names.update(kinds.get(kind, ()))
-    return sorted(names)
-
-
-def strategy_choices() -> list[str]:
-    return [name for name in _known("strategy") if not _NOT_FOR_CLI.search(name)]
-
-
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``fabric run`` (shared by the ``fabric`` parser and ``python -m fabric_core.cli_run``)."""
-    parser.add_argument(
-        "--accelerator",
-        choices=sorted({"auto", "gpu", *_known("accelerator")}),
-        default=None,
-        help="the hardware to run on (default: what the script's Fabric(...) says, else auto)",
-    )
-    parser.add_argument(
-        "--strategy",
-        choices=strategy_choices(),
-        default=None,
-        help="the strategy (spawn/fork/notebook/xla strategies start their own processes and are not accepted)",
-    )
-    parser.add_argument(
-        "--devices",
-        default="1",
-        help="devices (processes) per node: a number, or GPU indices such as '0,1' (default: 1)",
-    )
-    parser.add_argument(
-        "--num-nodes", "--num_nodes", dest="num_nodes", type=int, default=1, help="number of nodes"
-    )
-    parser.add_argument(
-        "--node-rank",
-        "--node_rank",
-        dest="node_rank",
-        type=int,
-        default=0,
-        help="index of this node (0 = main)",
-    )
-    parser.add_argument(
-        "--main-address",
-        "--main_address",
-        dest="main_address",
-        default="127.0.0.1",
-        help="address of node 0, where the processes meet (default: 127.0.0.1)",
-    )
-    parser.add_argument(
-        "--main-port",
-        "--main_port",
-        dest="main_port",
-        type=int,
-        default=DEFAULT_MAIN_PORT,
-        help=f"a free port on node 0 (default: {DEFAULT_MAIN_PORT})",
-    )
-    parser.add_argument(
-        "--precision",
-        choices=_known("precision"),
-        default=None,
-        help="the precision (default: what the script's Fabric(...) says, else 32-true)",
-    )
-    parser.add_argument(
-        "-m",
-        "--module",
-        action="store_true",
-        help="treat SCRIPT as a module name and run it like `python -m MODULE`",
-    )
-    parser.add_argument("script", metavar="SCRIPT", help="the script (or, with -m, the module) to run")
-    parser.add_argument(
-        "script_args", metavar="SCRIPT_ARGS", nargs=argparse.REMAINDER, help="arguments passed to the script"
-    )
-
-
-def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the ``run`` sub-command to the ``fabric`` parser."""
-    parser = subparsers.add_parser(
-        "run",
-        usage=_USAGE,
-        help="run a script on several devices/nodes (Fabric(...) picks the settings up; no launch() needed)",
-        description=(
-            "Run SCRIPT in --devices processes on this node (and --num-nodes nodes) with torch's elastic launcher."
-            " Fabric(...) in the script takes the options given here and joins the process group by itself, so"
-            " the script must not call fabric.launch(). Arguments after SCRIPT are passed to it unchanged."
-        ),
-    )
-    add_run_arguments(parser)
-    parser.set_defaults(handler=run_main)
-    return parser
-
-
-class CLIError(Exception):
-    """A bad combination of options; reported as ``fabric run: error: ...`` with exit status 2."""
-
-
-def processes_per_node(accelerator: str | None, strategy: str | None, devices: str) -> tuple[int, str]:
-    """How many processes to start on this node, and the ``devices`` value the script's Fabric should get."""
-    from fabric_core.connector import resolve_accelerator
-
-    name = (accelerator or "auto").lower()
-    if name in _TPU_NAMES:
-        raise CLIError(
-            "Launching processes for TPU through the CLI is not supported: use the xla strategy's launcher."
-        )
-    try:
-        accelerator_obj = resolve_accelerator(_registry(), name)
-    except (ValueError, RuntimeError) as err:
-        raise CLIError(str(err)) from None
-    if accelerator_obj.name in _TPU_NAMES or getattr(accelerator_obj, "device_type", None) == "xla":
-        raise CLIError(
-            "Launching processes for TPU through the CLI is not supported: use the xla strategy's launcher."
-        )
-    if strategy == "dp" and accelerator_obj.device_type == "cuda":
-        return 1, devices  # one process drives all GPUs (on CPU, dp becomes ddp: one process per device)
-    if str(devices).strip().lower() == "auto":
-        devices = "1"  # "all devices" is not knowable for every node from here; be explicit
-    try:
-        count = len(accelerator_obj.parse_devices(devices))
-    except (TypeError, ValueError, RuntimeError) as err:
-        raise CLIError(str(err)) from None
-    return count, devices
-
-
 def _check_installed(kind: str, name: str | None) -> None:
-    if name is None:
+    if name is None or (kind == "accelerator" and name.lower() in ("auto", "gpu")):
         return
     registry = _registry()
-    if name.lower() in ("auto", "gpu") and kind == "accelerator":
-        return
     if (kind, name) not in registry:
         raise CLIError(registry.unknown_name_message(kind, name))
 
 
-def torchrun_arguments(args: argparse.Namespace, nprocs: int) -> list[str]:
+def processes_per_node(
+    accelerator: str | None, strategy: str | None, devices: str, num_nodes: int = 1
+) -> tuple[int, str]:
+    """How many processes to start on this node, and the ``devices`` value each script's Fabric gets.
+
+    The strategy decides: its launcher must be able to re-run a script (not only a function), and a strategy
+    without a launcher is one process that drives every device itself.
+    """
+    from fabric_core.connector import resolve_accelerator
+
+    registry = _registry()
+    try:
+        accelerator_obj = resolve_accelerator(registry, (accelerator or "auto").lower())
+        device_list = accelerator_obj.parse_devices(devices)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise CLIError(str(err)) from None
+    count = len(device_list)
+    name = (strategy or "auto").lower()
+    if name == "auto":
+        answer = registry.decisions.auto_strategy(accelerator_obj, count, num_nodes, False)
+        if answer is None:
+            from fabric_core.connector import _no_auto_strategy_message
+
+            raise CLIError(_no_auto_strategy_message(registry, accelerator_obj, count, num_nodes))
+        name = answer if isinstance(answer, str) else None
+        strategy_obj = answer if not isinstance(answer, str) else None
+    else:
+        strategy_obj = None
+    if strategy_obj is None:
+        assert name is not None
+        name = registry.decisions.adjust_strategy(name, accelerator_obj, count, num_nodes) or name
+        try:
+            strategy_obj = registry.create("strategy", name)
+        except (TypeError, ValueError, ImportError) as err:
+            raise CLIError(str(err)) from None
+    launcher_name = strategy_obj.launcher_name
+    if launcher_name is None:
+        return 1, devices  # one process drives every device (or there is only one)
+    try:
+        launcher_cls = registry.get("launcher", launcher_name).load()
+    except (ValueError, ImportError) as err:
+        raise CLIError(str(err)) from None
+    if launcher_cls.requires_function:
+        label = strategy or name
+        raise CLIError(
+            f"The strategy {label!r} starts its processes itself and runs a function in them ({launcher_name!r}"
+            f" launcher), so `fabric run` cannot start it. Run the script with `python` and call"
+            " `fabric.launch(fn)`, or choose a strategy that re-runs the script."
+        )
+    return count, devices  # "auto" stays "auto": each process resolves it as Fabric(devices="auto") would
+
+
+def torchrun_arguments(args: RunArgs, nprocs: int) -> list[str]:
     """The command line given to torch's elastic launcher (``torch.distributed.run``)."""
     command = [
         f"--nproc-per-node={nprocs}",
@@ -189,7 +244,7 @@ def torchrun_arguments(args: argparse.Namespace, nprocs: int) -> list[str]:
     return [*command, args.script, *args.script_args]
 
 
-def prepare_environment(args: argparse.Namespace, nprocs: int, devices: str) -> dict[str, str]:
+def prepare_environment(args: RunArgs, nprocs: int, devices: str) -> dict[str, str]:
     """Set the variables every started process reads; returns what was set."""
     values = {
         CLI_FLAG: "1",
@@ -202,12 +257,11 @@ def prepare_environment(args: argparse.Namespace, nprocs: int, devices: str) -> 
             values[_CLI_SETTINGS[key]] = str(value)
     os.environ.update(values)
     # One intra-op thread pool per process sharing the cores; oversubscription makes CPU runs many times slower.
-    threads = max(1, (os.cpu_count() or 1) // max(1, nprocs))
-    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_process(nprocs)))
     return values
 
 
-def run_main(args: argparse.Namespace) -> int:
+def run_main(args: RunArgs) -> int:
     """Run ``fabric run`` with parsed ``args``; returns the exit status."""
     try:
         if not args.module and not os.path.isfile(args.script):
@@ -219,9 +273,9 @@ def run_main(args: argparse.Namespace) -> int:
         _check_installed("strategy", args.strategy)
         _check_installed("precision", args.precision)
         _check_installed("accelerator", args.accelerator)
-        nprocs, devices = processes_per_node(args.accelerator, args.strategy, args.devices)
+        nprocs, devices = processes_per_node(args.accelerator, args.strategy, args.devices, args.num_nodes)
     except CLIError as err:
-        print(f"fabric run: error: {err}", file=sys.stderr)
+        print(f"usage: {USAGE}\nfabric run: error: {err}", file=sys.stderr)
         return 2
     prepare_environment(args, nprocs, devices)
 
@@ -241,10 +295,16 @@ def run_main(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m fabric_core.cli_run [OPTIONS] SCRIPT ...``: the ``run`` command on its own."""
-    parser = argparse.ArgumentParser(prog="fabric run", usage=_USAGE)
-    add_run_arguments(parser)
-    return run_main(parser.parse_args(argv))
+    """``fabric run ...`` (also ``python -m fabric_core.cli_run ...``); returns the exit status."""
+    try:
+        args = parse_run_args(sys.argv[1:] if argv is None else argv)
+    except _Help:
+        sys.stdout.write(help_text())
+        return 0
+    except CLIError as err:
+        print(f"usage: {USAGE}\nfabric run: error: {err}", file=sys.stderr)
+        return 2
+    return run_main(args)
 
 
 if __name__ == "__main__":

@@ -111,34 +111,28 @@ def _split_plugins(plugins: Any) -> tuple[Precision | None, ClusterEnvironment |
     return found.get(Precision), found.get(ClusterEnvironment), found.get(CheckpointIO)
 
 
-def _normalise_precision_name(registry: Registry, precision: Any) -> str:
-    if precision is None:
-        return "32-true"
-    key = str(precision).strip().lower()
+def _precision_name(registry: Registry, precision: Any) -> str:
+    """The name ``fabric_select_precision`` is asked with: canonical when a registered precision knows the user's
+    value (emitting its alias warning), otherwise the value lower-cased, so a strategy plugin can serve precision
+    names that no precision plugin registers (a sharding strategy's own mixed precision)."""
+    key = "32-true" if precision is None else str(precision).strip().lower()
     if ("precision", key) in registry:
         return registry.canonical_name("precision", key)
+    return key
+
+
+def _unknown_precision(registry: Registry, precision: Any, strategy: Strategy) -> ValueError:
+    key = str(precision).strip().lower()
     allowed = registry.all_names("precision")
     dist = registry.distribution_for("precision", key)
     if dist is not None:
-        raise ValueError(
+        return ValueError(
             f"Precision {precision!r} is not installed. {registry.install_hint(dist)}"
             f" Installed precision values: ({', '.join(allowed)})."
         )
-    raise ValueError(f"Precision {precision!r} is invalid. Allowed precision values: ({', '.join(allowed)}).")
-
-
-def _select_precision(registry: Registry, precision: Any, strategy: Strategy, accelerator: Accelerator) -> Precision:
-    """Ask the hook for the precision object. A name no registered precision knows still goes to the hook
-    first, so a strategy plugin can serve its own precisions (FSDP's bf16-mixed without fabric-amp)."""
-    key = "32-true" if precision is None else str(precision).strip().lower()
-    name = _normalise_precision_name(registry, precision) if ("precision", key) in registry else key
-    answer = registry.hook.fabric_select_precision(
-        registry=registry, precision=name, strategy=strategy, accelerator=accelerator
-    )
-    if answer is None:
-        _normalise_precision_name(registry, precision)  # raises the error that explains what is missing
-        raise ValueError(f"No installed plugin provides precision {precision!r} for {type(strategy).__name__}.")
-    return answer
+    if ("precision", key) in registry:
+        return ValueError(f"No installed plugin provides precision {precision!r} for {type(strategy).__name__}.")
+    return ValueError(f"Precision {precision!r} is invalid. Allowed precision values: ({', '.join(allowed)}).")
 
 
 def resolve_accelerator(registry: Registry, accelerator: Any) -> Accelerator:
@@ -150,7 +144,7 @@ def resolve_accelerator(registry: Registry, accelerator: Any) -> Accelerator:
         raise TypeError(f"`accelerator` must be a name or an Accelerator instance, got {type(accelerator).__name__}.")
     name = accelerator.strip().lower()
     if name == "auto":
-        name = registry.hook.fabric_auto_accelerator(registry=registry) or "cpu"
+        name = registry.decisions.auto_accelerator() or "cpu"
     elif name == "gpu":
         for candidate in ("mps", "cuda"):
             if ("accelerator", candidate) in registry and registry.get("accelerator", candidate).load().is_available():
@@ -158,7 +152,7 @@ def resolve_accelerator(registry: Registry, accelerator: Any) -> Accelerator:
                 break
         else:
             raise RuntimeError("No supported gpu backend found! `accelerator='gpu'` needs CUDA or Apple MPS.")
-    if name not in registry.names("accelerator") and ("accelerator", name) not in registry:
+    if ("accelerator", name) not in registry:
         raise ValueError(registry.unknown_name_message("accelerator", accelerator) + " Also accepted: 'auto', 'gpu'.")
     entry = registry.get("accelerator", name)
     cls = entry.load()
@@ -178,6 +172,78 @@ def _safe_available(registry: Registry, name: str) -> bool:
         return False
 
 
+@dataclass
+class _UserPlugins:
+    """What the user passed in ``plugins=``."""
+
+    precision: Precision | None = None
+    environment: ClusterEnvironment | None = None
+    checkpoint_io: CheckpointIO | None = None
+
+
+def _check_strategy_instance(strategy: Strategy, accelerator: Any, user: _UserPlugins) -> None:
+    """A setting given both on a strategy object and through another argument is ambiguous: refuse it."""
+    if strategy.accelerator is not None and accelerator not in ("auto", None):
+        raise ValueError("accelerator set through both the strategy object and the `accelerator` flag, choose one.")
+    if strategy.configured_precision is not None and user.precision is not None:
+        raise ValueError("precision set through both the strategy object and `plugins`, choose one.")
+    if strategy.configured_checkpoint_io is not None and user.checkpoint_io is not None:
+        raise ValueError("checkpoint_io set through both the strategy object and `plugins`, choose one.")
+    if strategy.cluster_environment is not None and user.environment is not None:
+        raise ValueError("cluster_environment set through both the strategy object and `plugins`, choose one.")
+
+
+def _strategy_by_name(
+    registry: Registry, strategy: Any, accelerator: Accelerator, num_devices: int, num_nodes: int
+) -> Strategy:
+    """``strategy="auto"`` answered by the hook, then the owning plugin's adjustment, then the registered class."""
+    from fabric_core.strategies.base import Strategy
+
+    if not isinstance(strategy, str):
+        raise TypeError(f"`strategy` must be a name or a Strategy instance, got {type(strategy).__name__}.")
+    name = strategy.strip().lower()
+    if name == "auto":
+        answer = registry.decisions.auto_strategy(accelerator, num_devices, num_nodes, is_interactive())
+        if answer is None:
+            raise ValueError(_no_auto_strategy_message(registry, accelerator, num_devices, num_nodes))
+        if isinstance(answer, Strategy):
+            return answer
+        name = str(answer).lower()
+    adjusted = registry.decisions.adjust_strategy(name, accelerator, num_devices, num_nodes)
+    return registry.create("strategy", adjusted or name)
+
+
+def _no_auto_strategy_message(registry: Registry, accelerator: Accelerator, num_devices: int, num_nodes: int) -> str:
+    message = (
+        f"No installed strategy can run {num_devices} device(s) on {num_nodes} node(s) with the"
+        f" {accelerator.name} accelerator (`strategy='auto'`). Pass a strategy name, or `devices=1`."
+    )
+    missing = registry.hinted_distributions("strategy")
+    for dist, names in sorted(missing.items()):
+        message += f" {dist} ({', '.join(n for n in names if '*' not in n)}): {registry.install_hint(dist)}"
+    return message + f" Installed strategies: {', '.join(registry.names('strategy'))}."
+
+
+def _resolve_precision(
+    registry: Registry, precision: Any, user: _UserPlugins, strategy: Strategy, accelerator: Accelerator
+) -> Precision:
+    """The user's precision object, the strategy's own, or the hook's answer for the precision name."""
+    if user.precision is not None:
+        return user.precision
+    own = strategy.configured_precision
+    if own is not None:
+        # A `precision=` flag that the strategy's own precision would silently override is a user error.
+        if precision is not None and _precision_name(registry, precision) != own.precision:
+            raise ValueError(
+                f"precision set through both the strategy object ({own!r}) and `precision={precision!r}`, choose one."
+            )
+        return own
+    answer = registry.decisions.select_precision(_precision_name(registry, precision), strategy, accelerator)
+    if answer is None:
+        raise _unknown_precision(registry, precision, strategy)
+    return answer
+
+
 def resolve(
     *,
     accelerator: Any,
@@ -187,102 +253,55 @@ def resolve(
     precision: Any,
     plugins: Any,
 ) -> Resolved:
-    """Resolve all arguments (after CLI overrides) in the order accelerator, environment, strategy, precision."""
+    """Resolve all arguments (after CLI overrides): one step per decision, each answered through a hook."""
     from fabric_core.strategies.base import Strategy
 
     registry = get_registry()
     args = apply_cli_settings(
         {"accelerator": accelerator, "strategy": strategy, "devices": devices, "num_nodes": num_nodes, "precision": precision}
     )
-    accelerator, strategy, devices, num_nodes, precision = (
-        args["accelerator"],
-        args["strategy"],
-        args["devices"],
-        args["num_nodes"],
-        args["precision"],
-    )
+    accelerator, strategy, devices, num_nodes, precision = (args[k] for k in ("accelerator", "strategy", "devices", "num_nodes", "precision"))
     if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
         raise ValueError(f"`num_nodes` must be a positive integer, but got {num_nodes!r}.")
-
-    precision_plugin, environment, checkpoint_io = _split_plugins(plugins)
-    if precision is not None and precision_plugin is not None:
-        raise ValueError(
-            f"Received both `precision={precision!r}` and `plugins={precision_plugin!r}`. Choose one."
-        )
+    user = _UserPlugins(*_split_plugins(plugins))
+    if precision is not None and user.precision is not None:
+        raise ValueError(f"Received both `precision={precision!r}` and `plugins={user.precision!r}`. Choose one.")
 
     strategy_obj = strategy if isinstance(strategy, Strategy) else None
     if strategy_obj is not None:
-        if strategy_obj.accelerator is not None and accelerator not in ("auto", None):
-            raise ValueError("accelerator set through both the strategy object and the `accelerator` flag, choose one.")
-        if strategy_obj._precision is not None and precision_plugin is not None:
-            raise ValueError("precision set through both the strategy object and `plugins`, choose one.")
-        if strategy_obj._checkpoint_io is not None and checkpoint_io is not None:
-            raise ValueError("checkpoint_io set through both the strategy object and `plugins`, choose one.")
-        if strategy_obj.cluster_environment is not None and environment is not None:
-            raise ValueError("cluster_environment set through both the strategy object and `plugins`, choose one.")
-        if strategy_obj.accelerator is not None:
-            accelerator = strategy_obj.accelerator
+        _check_strategy_instance(strategy_obj, accelerator, user)
+        accelerator = strategy_obj.accelerator or accelerator
 
     accelerator_obj = resolve_accelerator(registry, accelerator)
     device_list = accelerator_obj.parse_devices(devices)
-
-    if environment is None:
-        environment = getattr(strategy_obj, "cluster_environment", None)
-    if environment is None:
-        environment = registry.hook.fabric_detect_cluster_environment(registry=registry)
-
+    environment = (
+        user.environment
+        or (strategy_obj.cluster_environment if strategy_obj is not None else None)
+        or registry.decisions.detect_cluster_environment()
+    )
     if strategy_obj is None:
-        if not isinstance(strategy, str):
-            raise TypeError(f"`strategy` must be a name or a Strategy instance, got {type(strategy).__name__}.")
-        name = strategy.strip().lower()
-        if name == "auto":
-            answer = registry.hook.fabric_auto_strategy(
-                registry=registry,
-                accelerator=accelerator_obj,
-                num_devices=len(device_list),
-                num_nodes=num_nodes,
-                interactive=is_interactive(),
-            )
-            if answer is None:
-                raise ValueError(
-                    f"No installed strategy can run {len(device_list)} device(s) on {num_nodes} node(s) with the"
-                    f" {accelerator_obj.name} accelerator. A parallel strategy plugin is needed:"
-                    f" {registry.install_hint('fabric-ddp')} Or pass `devices=1`."
-                )
-            strategy_obj = answer if isinstance(answer, Strategy) else registry.create("strategy", answer)
-        else:
-            strategy_obj = registry.create("strategy", name)
-
-    strategy_obj.connect(
+        strategy_obj = _strategy_by_name(registry, strategy, accelerator_obj, len(device_list), num_nodes)
+    strategy_obj.attach(
         accelerator=accelerator_obj,
         devices=device_list,
         num_nodes=num_nodes,
         cluster_environment=environment,
-        checkpoint_io=checkpoint_io,
+        checkpoint_io=user.checkpoint_io,
+        find_checkpoint_reader=registry.decisions.select_checkpoint_reader,
     )
+    precision_obj = _resolve_precision(registry, precision, user, strategy_obj, accelerator_obj)
+    precision_obj.configure(accelerator_obj.device_type)
+    strategy_obj.precision = precision_obj
+    strategy_obj.launcher = registry.decisions.select_launcher(strategy_obj)
 
-    if precision_plugin is None and strategy_obj._precision is not None:
-        precision_plugin = strategy_obj._precision
-        # A `precision=` flag that the strategy's own precision would silently override is a user error.
-        if precision is not None and _normalise_precision_name(registry, precision) != precision_plugin.precision:
-            raise ValueError(
-                f"precision set through both the strategy object ({precision_plugin!r}) and"
-                f" `precision={precision!r}`, choose one."
-            )
-    if precision_plugin is None:
-        precision_plugin = _select_precision(registry, precision, strategy_obj, accelerator_obj)
-    precision_plugin.configure(accelerator_obj.device_type)
-    strategy_obj.precision = precision_plugin
-
-    strategy_obj.launcher = registry.hook.fabric_select_launcher(registry=registry, strategy=strategy_obj)
     launcher = strategy_obj.launcher
     if launcher is not None and is_interactive() and not launcher.is_interactive_compatible:
         raise RuntimeError(
             f"`Fabric(strategy={strategy!r})` is not compatible with an interactive environment (notebook or"
-            " `python -i`). Run your code as a script, or choose an interactive-compatible strategy such as"
-            " 'ddp_notebook'."
+            " `python -i`). Run your code as a script, or choose a strategy made for notebooks (its processes are"
+            " forked; `fabric plugins --kind strategy` describes each)."
         )
     env = strategy_obj.cluster_environment
     if env is not None and strategy_obj.requires_launch:
         env.validate_settings(num_devices=len(device_list), num_nodes=num_nodes)
-    return Resolved(accelerator_obj, strategy_obj, precision_plugin, device_list, num_nodes)
+    return Resolved(accelerator_obj, strategy_obj, precision_obj, device_list, num_nodes)

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 
 from fabric_core import connector, wrappers
 from fabric_core.accelerators.base import Accelerator
+from fabric_core.io.state import is_stateful
 from fabric_core.loggers.base import Logger
 from fabric_core.strategies.base import Strategy
 from fabric_core.utilities.apply import apply_to_collection, convert_tensors_to_scalars, convert_to_tensors
@@ -359,7 +360,7 @@ class Fabric:
     def backward(self, tensor: Tensor, *args: Any, model: Any = None, **kwargs: Any) -> None:
         """Replace ``loss.backward()``: lets the precision scale the loss and engines own the backward pass."""
         strategy = self._strategy
-        precision = strategy._precision  # the base property's storage (`plain_backward` checks it is that)
+        precision = strategy.configured_precision  # the base property's storage (`plain_backward` checks it is that)
         if precision is not self._plain_backward_precision and (
             precision is self._backward_planned_for or not self._plan_backward(precision)
         ):
@@ -521,7 +522,7 @@ class Fabric:
         self._strategy.barrier()
         if state is not None and unwrapped is not None:
             for key, value in unwrapped.items():  # plain values were replaced in the unwrapped copy
-                if key in state and not isinstance(state[key], (Module, Optimizer, FabricOptimizer)) and not _is_stateful(state[key]):
+                if key in state and not isinstance(state[key], (Module, Optimizer, FabricOptimizer)) and not is_stateful(state[key]):
                     state[key] = value
         return remainder
 
@@ -567,10 +568,6 @@ class Fabric:
             f"Fabric(accelerator={self._accelerator.name!r}, strategy={type(self._strategy).__name__},"
             f" precision={self._precision.precision!r}, world_size={self.world_size})"
         )
-
-
-def _is_stateful(obj: Any) -> bool:
-    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 
 
 def _filter_kwargs(fn: Callable, kwargs: dict[str, Any]) -> dict[str, Any]:

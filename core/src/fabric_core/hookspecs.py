@@ -2,18 +2,21 @@
 
 A plugin is a module (or object) with functions decorated by :data:`hookimpl` whose names match the
 specifications below. The core's own built-ins are plugins too (:mod:`fabric_core.builtin`) and go through
-exactly the same hooks; third parties register theirs through the ``fabric.plugins`` entry-point group.
+exactly the same hooks; third parties register theirs through the ``fabric.plugins`` entry-point group. A
+function named ``fabric_*`` that matches no specification is an error, reported when the plugin is loaded.
 
 Two kinds of hooks exist:
 
-* **Registration hooks** (``fabric_register_*``) are called once, when the plugin manager is first used.
-  They receive a :class:`~fabric_core.registry.Registrar` bound to one kind (accelerator, strategy, ...)
-  and add *names*. A name points at a class either directly or as an import string
+* **Registration hooks** (``fabric_register_*``) are called once per plugin, in the load order, when the
+  registry is built. They receive a :class:`~fabric_core.registry.Registrar` bound to one kind (accelerator,
+  strategy, ...) and add *names*. A name points at a class either directly or as an import string
   ``"package.module:Class"``, so listing names never imports the heavy module behind them.
 * **Decision hooks** (``firstresult``) replace what would otherwise be a hard-coded ``isinstance`` chain
-  in the core: the first implementation that returns something other than ``None`` wins. Plugins that
-  want to answer before the core's defaults mark their implementation ``tryfirst=True``; the core's
-  defaults are ``trylast=True``.
+  in the core: the first implementation that returns something other than ``None`` wins. They are asked in a
+  fixed order (:mod:`fabric_core.decisions`): ``tryfirst=True`` implementations, then plain ones, then
+  ``trylast=True`` ones (the core's defaults); within each group earlier in the load order first (the core,
+  first-party distributions, then the others alphabetically). An implementation that raises is reported and
+  skipped unless the decision concerns an object its own plugin provides.
 
 Importing this module costs nothing: heavy types are only imported for type checking.
 """
@@ -21,13 +24,14 @@ Importing this module costs nothing: heavy types are only imported for type chec
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pluggy
 
 if TYPE_CHECKING:
     from fabric_core.accelerators.base import Accelerator
     from fabric_core.environments.base import ClusterEnvironment
+    from fabric_core.io.formats import CheckpointReader
     from fabric_core.launchers.base import Launcher
     from fabric_core.precision.base import Precision
     from fabric_core.registry import Registrar, Registry
@@ -156,10 +160,33 @@ def fabric_select_launcher(registry: Registry, strategy: Strategy) -> Launcher |
 
 
 @hookspec(firstresult=True)
-def fabric_checkpoint_loader(path: Path) -> Any | None:
-    """Return a callable ``load(path, map_location) -> dict`` that can read the checkpoint at ``path``.
+def fabric_adjust_strategy(
+    registry: Registry, strategy: str, accelerator: Accelerator, num_devices: int, num_nodes: int
+) -> str | None:
+    """Return another registered strategy name to use instead of the requested ``strategy``, or ``None``.
 
-    Used when a checkpoint was written in a format that belongs to a plugin (a sharded directory from FSDP,
-    a DeepSpeed folder) and is now read by a strategy that does not know that format (e.g. a single-device
-    run). Return ``None`` when the path is not in your format. The core itself reads single files.
+    Called once for every strategy requested by name (after ``strategy="auto"`` is answered), before the strategy
+    is built, with the lower-cased name, the resolved accelerator and the number of devices per node and of
+    nodes. The plugin that owns a family answers the rules of that family, for example "``dp`` on the CPU
+    becomes ``ddp``" (fabric-ddp) or "``fsdp`` on a TPU becomes ``xla_fsdp``" (fabric-xla); warn the user
+    yourself when the change deserves it. The answer is not asked again. The core has no default.
     """
+
+
+@hookspec(firstresult=True)
+def fabric_select_checkpoint_reader(path: Path) -> CheckpointReader | None:
+    """Return a reader ``reader(path, map_location="cpu", weights_only=None) -> dict`` for the checkpoint at ``path``.
+
+    Asked for a checkpoint that is a directory (a sharded FSDP checkpoint, a DeepSpeed folder), which a strategy
+    that does not know its format must still load (a single-device or DDP run), and by ``fabric consolidate``.
+    The reader returns the whole checkpoint in this one process, in the layout of a single-file checkpoint (the
+    model's key holds a plain state dict, optimizers hold torch optimizer state dicts). Return ``None`` when
+    ``path`` is not in your format; recognising it must be cheap (look at file names, import nothing heavy). The
+    core itself reads single files.
+    """
+
+
+#: Every hook name declared above.
+HOOK_NAMES: tuple[str, ...] = tuple(
+    name for name, obj in list(globals().items()) if hasattr(obj, f"{PROJECT_NAME}_spec")
+)

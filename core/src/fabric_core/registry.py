@@ -1,75 +1,42 @@
-"""Plugin discovery and name resolution.
+"""Names: what every accelerator, strategy, precision, launcher and cluster environment is called, and who provides it.
 
-One :class:`Registry` holds every name that accelerators, strategies, precisions, launchers and cluster
-environments are known by. It is filled by calling the registration hooks of every plugin: first the core's
-built-ins (:mod:`fabric_core.builtin`), then the modules named by the ``fabric.plugins`` entry points of the
-installed distributions, in alphabetical order of distribution name.
+One :class:`Registry` holds every name. It is filled by the registration hooks of every plugin, in the load order
+of :mod:`fabric_core.discovery` (which finds and loads the plugins); the decision hooks are called through
+:attr:`Registry.decisions` (:mod:`fabric_core.decisions`).
 
 Rules (also in ``docs/plugins.md``):
 
-* **Lazy**: an entry point names a small registration module; registering stores *import strings*, so
-  ``fabric plugins`` lists everything without importing deepspeed, torch_xla and friends. The target is
-  imported the first time its name is resolved.
-* **Isolated failures**: a plugin whose registration module or target fails to import is recorded with its
-  distribution name, version and error; only names that need it fail, everything else keeps working.
-* **Conflicts**: when two plugins register the same name, the first registration wins (built-ins first, then
-  distributions alphabetically) and a :class:`FabricPluginWarning` names both. A plugin that really means to
-  replace a name passes ``override=True``; the later registration then wins, with the same warning.
-* **Switching off**: ``FABRIC_DISABLE_PLUGIN_AUTOLOAD=1`` loads no entry points except those listed in
-  ``FABRIC_PLUGINS`` (comma-separated entry-point or distribution names). ``FABRIC_TRACE_HOOKS=1`` prints
-  every hook call.
+* **Lazy**: registering stores *import strings*, so listing names never imports the module behind them; the
+  target is imported the first time its name is resolved.
+* **Hints**: a registration can say that a name (or an ``fnmatch`` pattern such as ``name_*``) is provided by a
+  distribution that may not be installed (:meth:`Registrar.provided_by`); resolving it then says which
+  ``pip install`` adds it. The distributions the core names this way are this project's *first-party* plugins.
+* **One precedence rule**: earlier in the load order wins, for names and for decisions. The load order is the
+  core, then first-party distributions, then all others, each group alphabetically by distribution name. A
+  later registration of a taken name is ignored with a :class:`FabricPluginWarning`, unless it passes
+  ``override=True``; then it wins, with the same warning. A name the core names as a first-party distribution's
+  (exactly, not by a pattern) counts as taken by it even while that distribution is not installed.
 """
 
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import importlib
-import os
 import re
-import sys
 import threading
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pluggy
+if TYPE_CHECKING:
+    import pluggy
 
-from fabric_core import hookspecs
+    from fabric_core.decisions import Decisions
 
 ENTRY_POINT_GROUP = "fabric.plugins"
 KINDS = ("accelerator", "strategy", "precision", "launcher", "environment")
-CORE_PROVIDER = ("fabric-core", None)
-
-# Names that belong to distributions of this project, so a missing one gets a `pip install` hint.
-KNOWN_DISTRIBUTIONS: dict[str, dict[str, tuple[str, ...]]] = {
-    "fabric-ddp": {
-        "strategy": (
-            "ddp",
-            "ddp_spawn",
-            "ddp_fork",
-            "ddp_notebook",
-            "ddp_find_unused_parameters_true",
-            "ddp_find_unused_parameters_false",
-            "dp",
-        )
-    },
-    "fabric-fsdp": {"strategy": ("fsdp", "fsdp_cpu_offload", "fsdp_hybrid", "fsdp_no_reshard")},
-    "fabric-deepspeed": {
-        "strategy": (
-            "deepspeed",
-            "deepspeed_stage_1",
-            "deepspeed_stage_1_offload",
-            "deepspeed_stage_2",
-            "deepspeed_stage_2_offload",
-            "deepspeed_stage_3",
-            "deepspeed_stage_3_offload",
-            "deepspeed_stage_3_offload_nvme",
-        )
-    },
-    "fabric-xla": {"strategy": ("xla", "xla_fsdp", "single_xla"), "accelerator": ("tpu", "xla")},
-    "fabric-amp": {"precision": ("16-mixed", "bf16-mixed", "16", "bf16")},
-}
+CORE_DISTRIBUTION = "fabric-core"
 
 
 class FabricPluginWarning(UserWarning):
@@ -82,16 +49,37 @@ class PluginImportError(ImportError):
 
 @dataclass
 class PluginFailure:
-    """A plugin that could not be loaded; kept so ``fabric plugins`` and errors can report it."""
+    """A plugin, or one of its hook implementations, that failed; kept so ``fabric plugins`` and errors report it.
+
+    ``stage`` says where: ``"import"`` (its registration module), ``"validation"`` (a hook pluggy does not
+    know, or bad arguments), ``"registration"`` (a registration hook raised), or ``"hook <name>"`` (a decision
+    hook raised; that implementation was skipped).
+    """
 
     plugin: str
     distribution: str
     version: str | None
     error: BaseException
+    stage: str = "import"
 
     def describe(self) -> str:
         version = f" {self.version}" if self.version else ""
-        return f"{self.distribution}{version} (plugin {self.plugin!r}): {type(self.error).__name__}: {self.error}"
+        return f"{self.distribution}{version} (plugin {self.plugin!r}, {self.stage}): {type(self.error).__name__}: {self.error}"
+
+
+@dataclass
+class PluginInfo:
+    """One loaded plugin: who provides it and where it stands in the load order."""
+
+    name: str
+    distribution: str
+    version: str | None
+    position: int
+    first_party: bool = False
+    #: top-level package of the plugin's code; decisions about objects from this package belong to the plugin
+    package: str = ""
+    #: modules its registration module imported that registration modules should not (see ``fabric plugins --check``)
+    heavy_imports: tuple[str, ...] = ()
 
 
 @dataclass
@@ -103,7 +91,7 @@ class Entry:
     target: type | str
     init_kwargs: dict[str, Any] = field(default_factory=dict)
     description: str = ""
-    distribution: str = "fabric-core"
+    distribution: str = CORE_DISTRIBUTION
     version: str | None = None
     alias_warnings: dict[str, str | None] = field(default_factory=dict)
     _loaded: type | None = field(default=None, repr=False)
@@ -139,14 +127,44 @@ class Entry:
         return cls(*args, **{**self.init_kwargs, **overrides})
 
 
+@dataclass(frozen=True)
+class NameHint:
+    """``pattern`` (a name, or an ``fnmatch`` pattern) of ``kind`` is provided by ``distribution``."""
+
+    kind: str
+    pattern: str
+    distribution: str
+    declared_by: str
+
+    @property
+    def is_pattern(self) -> bool:
+        return any(c in self.pattern for c in "*?[")
+
+    def matches(self, name: str) -> bool:
+        return fnmatch.fnmatchcase(name, self.pattern)
+
+
+@dataclass
+class Conflict:
+    """A registration that lost: ``loser`` was ignored (or replaced) in favour of ``winner``'s distribution."""
+
+    kind: str
+    name: str
+    loser: str
+    winner: str
+    reason: str
+
+
 class Registrar:
     """What a registration hook receives: ``add()`` names for one kind on behalf of one plugin."""
 
-    def __init__(self, registry: Registry, kind: str, distribution: str, version: str | None) -> None:
+    def __init__(self, registry: Registry, kind: str, plugin: PluginInfo) -> None:
         self._registry = registry
+        self._plugin = plugin
         self.kind = kind
-        self.distribution = distribution
-        self.version = version
+        self.distribution = plugin.distribution
+        self.version = plugin.version
+        self.added: list[str] = []
 
     def add(
         self,
@@ -176,41 +194,62 @@ class Registrar:
             version=self.version,
             alias_warnings={str(k).lower(): v for k, v in (aliases or {}).items()},
         )
-        self._registry._add(entry, override=override)
+        if self._registry._add(entry, override=override):
+            self.added.append(entry.name)
+
+    def provided_by(self, distribution: str, *names: str) -> None:
+        """Say that ``names`` (exact names or ``fnmatch`` patterns such as ``"mything_*"``) come from ``distribution``.
+
+        Nothing is registered: when such a name is asked for and nothing provides it, the error says how to get
+        it (``pip install``, or why the installed distribution did not load). Names the core declares this way
+        are reserved for that first-party distribution (see the module docstring).
+        """
+        for pattern in names:
+            if not isinstance(pattern, str) or not pattern:
+                raise TypeError(f"A {self.kind} name or pattern must be a non-empty string, got {pattern!r}.")
+            self._registry._hints.append(NameHint(self.kind, pattern.lower(), distribution, self.distribution))
 
 
 class Registry:
-    """All names of all kinds, plus the plugin manager that produced them."""
+    """All names of all kinds, the hints about missing ones, and the plugins that produced them."""
 
     def __init__(self, plugin_manager: pluggy.PluginManager) -> None:
         self.plugin_manager = plugin_manager
+        #: loaded plugins by pluggy name, in load order
+        self.plugins: dict[str, PluginInfo] = {}
         self.failures: list[PluginFailure] = []
         #: distributions whose entry points were not loaded because autoloading is switched off.
         self.skipped: list[str] = []
+        #: distributions whose entry points were not loaded because FABRIC_DISABLE_PLUGINS names them.
+        self.blocked: list[str] = []
+        self.conflicts: list[Conflict] = []
         self._entries: dict[str, dict[str, Entry]] = {kind: {} for kind in KINDS}
         self._aliases: dict[str, dict[str, str]] = {kind: {} for kind in KINDS}
-        self.shadowed: list[Entry] = []
+        self._hints: list[NameHint] = []
+        self._decisions: Decisions | None = None
 
-    # ----------------------------------------------------------------------------------------------- filling
-    def _add(self, entry: Entry, override: bool) -> None:
+    # ----------------------------------------------------------------------------------------------- writing
+    def _add(self, entry: Entry, override: bool) -> bool:
+        """Store ``entry`` by the precedence rule; returns whether it was stored."""
         table = self._entries[entry.kind]
-        names = [entry.name, *entry.alias_warnings]
-        for name in names:
-            existing = self._lookup_entry(entry.kind, name)
+        for name in [entry.name, *entry.alias_warnings]:
+            reserved = self._reserved_for(entry.kind, name)
+            if (
+                reserved is not None
+                and _normalise(reserved) != _normalise(entry.distribution)
+                and self.lookup(entry.kind, name) is None
+            ):
+                if not override:
+                    self._conflict(entry, name, reserved, f"it is reserved for {reserved}; pass override=True to take it")
+                    return False
+                self._conflict_replaced(entry, name, reserved)
+            existing = self.lookup(entry.kind, name)
             if existing is None:
                 continue
-            winner, loser = (entry, existing) if override else (existing, entry)
-            warnings.warn(
-                f"The {entry.kind} name {name!r} is registered by both {existing.distribution} and"
-                f" {entry.distribution}; using the one from {winner.distribution}"
-                + (" (it registered with override=True)." if override else " (first registration wins).")
-                + " Uninstall one of them to silence this warning.",
-                FabricPluginWarning,
-                stacklevel=2,
-            )
-            self.shadowed.append(loser)
             if not override:
-                return
+                self._conflict(entry, name, existing.distribution, "first registration wins")
+                return False
+            self._conflict_replaced(entry, name, existing.distribution)
             table.pop(existing.name, None)
             for alias, target in list(self._aliases[entry.kind].items()):
                 if target == existing.name:
@@ -218,6 +257,33 @@ class Registry:
         table[entry.name] = entry
         for alias in entry.alias_warnings:
             self._aliases[entry.kind][alias] = entry.name
+        return True
+
+    def _conflict(self, entry: Entry, name: str, kept: str, reason: str) -> None:
+        self.conflicts.append(Conflict(entry.kind, name, entry.distribution, kept, reason))
+        warnings.warn(
+            f"The {entry.kind} name {name!r} registered by {entry.distribution} is ignored: {kept} has it ({reason})."
+            " Uninstall one of them to silence this warning.",
+            FabricPluginWarning,
+            stacklevel=4,
+        )
+
+    def _conflict_replaced(self, entry: Entry, name: str, previous: str) -> None:
+        self.conflicts.append(Conflict(entry.kind, name, previous, entry.distribution, "override=True"))
+        warnings.warn(
+            f"The {entry.kind} name {name!r} of {previous} is replaced by {entry.distribution}, which registered it"
+            " with override=True. Uninstall one of them to silence this warning.",
+            FabricPluginWarning,
+            stacklevel=4,
+        )
+
+    def record_failure(self, failure: PluginFailure, message: str) -> None:
+        """Keep ``failure`` for reports and warn with ``message``; a failure already recorded is not repeated."""
+        key = (failure.plugin, failure.stage, type(failure.error), str(failure.error))
+        if any((f.plugin, f.stage, type(f.error), str(f.error)) == key for f in self.failures):
+            return
+        self.failures.append(failure)
+        warnings.warn(f"{message}: {failure.describe()}", FabricPluginWarning, stacklevel=3)
 
     # ----------------------------------------------------------------------------------------------- reading
     def entries(self, kind: str) -> list[Entry]:
@@ -232,13 +298,15 @@ class Registry:
 
     def __contains__(self, item: tuple[str, str]) -> bool:
         kind, name = item
-        return self._lookup_entry(kind, str(name).lower()) is not None
+        return self.lookup(kind, str(name).lower()) is not None
 
-    def _lookup_entry(self, kind: str, name: str) -> Entry | None:
+    def lookup(self, kind: str, name: str) -> Entry | None:
+        """The entry registered for ``name`` (or an alias of it), or ``None``."""
         table = self._entries[kind]
-        if name in table:
-            return table[name]
-        canonical = self._aliases[kind].get(name)
+        key = str(name).lower()
+        if key in table:
+            return table[key]
+        canonical = self._aliases[kind].get(key)
         return table.get(canonical) if canonical else None
 
     def canonical_name(self, kind: str, name: str) -> str:
@@ -253,25 +321,58 @@ class Registry:
 
     def get(self, kind: str, name: str) -> Entry:
         """Return the entry for ``name`` or raise a ``ValueError`` that teaches what to do."""
-        key = str(name).lower()
-        entry = self._lookup_entry(kind, key)
+        entry = self.lookup(kind, name)
         if entry is not None:
             return entry
         raise ValueError(self.unknown_name_message(kind, name))
 
-    def distribution_for(self, kind: str, name: Any) -> str | None:
-        """The distribution of this project that provides ``name``, when it is one of ours."""
-        key = str(name).lower()
-        for dist, kinds in KNOWN_DISTRIBUTIONS.items():
-            if key in kinds.get(kind, ()) or (kind == "strategy" and dist == "fabric-deepspeed" and key.startswith("deepspeed")):
-                return dist
+    def create(self, kind: str, name: str, *args: Any, **overrides: Any) -> Any:
+        return self.get(kind, name).create(*args, **overrides)
+
+    # ----------------------------------------------------------------------------------------------- hints
+    @property
+    def hints(self) -> list[NameHint]:
+        return list(self._hints)
+
+    @property
+    def first_party_distributions(self) -> set[str]:
+        """The distributions the core itself names as providers: this project's own plugins."""
+        return {_normalise(h.distribution) for h in self._hints if h.declared_by == CORE_DISTRIBUTION}
+
+    def _reserved_for(self, kind: str, name: str) -> str | None:
+        """The first-party distribution an exact hint of the core reserves ``name`` for (patterns only hint)."""
+        for hint in self._hints:
+            if hint.kind == kind and hint.declared_by == CORE_DISTRIBUTION and not hint.is_pattern and hint.pattern == name:
+                return hint.distribution
         return None
 
+    def distribution_for(self, kind: str, name: Any) -> str | None:
+        """The distribution a hint names as the provider of ``name``, or ``None``."""
+        key = str(name).lower()
+        for hint in self._hints:
+            if hint.kind == kind and hint.matches(key):
+                return hint.distribution
+        return None
+
+    def hinted_distributions(self, kind: str) -> dict[str, list[str]]:
+        """Distributions hinted for ``kind`` that provide none of its registered names -> the names they would add."""
+        installed = {_normalise(e.distribution) for e in self._entries[kind].values()}
+        out: dict[str, list[str]] = {}
+        for hint in self._hints:
+            if hint.kind == kind and _normalise(hint.distribution) not in installed:
+                out.setdefault(hint.distribution, []).append(hint.pattern)
+        return out
+
     def install_hint(self, dist: str) -> str:
-        """Why ``dist``'s names are missing and what to do: failed to load, skipped by the switch, or absent."""
+        """Why ``dist``'s names are missing and what to do: failed to load, switched off, or absent."""
         failures = [f for f in self.failures if _normalise(f.distribution) == _normalise(dist)]
         if failures:
             return f"It is provided by `{dist}`, which is installed but failed to load: {failures[0].describe()}"
+        if any(_normalise(s) == _normalise(dist) for s in self.blocked):
+            return (
+                f"It is provided by `{dist}`, which is installed but was not loaded because FABRIC_DISABLE_PLUGINS"
+                " names it: remove it from that variable."
+            )
         if any(_normalise(s) == _normalise(dist) for s in self.skipped):
             return (
                 f"It is provided by `{dist}`, which is installed but was not loaded because"
@@ -294,51 +395,23 @@ class Registry:
             message += " Some plugins failed to load: " + "; ".join(f.describe() for f in self.failures) + "."
         return message
 
-    def create(self, kind: str, name: str, *args: Any, **overrides: Any) -> Any:
-        return self.get(kind, name).create(*args, **overrides)
+    # ----------------------------------------------------------------------------------------------- hooks
+    @property
+    def decisions(self) -> Decisions:
+        """The decision hooks, called with this registry's precedence, failure isolation and tracing."""
+        if self._decisions is None:
+            from fabric_core.decisions import Decisions
+
+            self._decisions = Decisions(self)
+        return self._decisions
 
     @property
     def hook(self) -> Any:
+        """pluggy's raw hook relay (no precedence rule, no isolation): prefer :attr:`decisions`."""
         return self.plugin_manager.hook
 
-
-# -------------------------------------------------------------------------------------------------------------
-# Building the registry
-# -------------------------------------------------------------------------------------------------------------
-
-_REGISTRATION_HOOKS = {
-    "accelerator": "fabric_register_accelerators",
-    "strategy": "fabric_register_strategies",
-    "precision": "fabric_register_precisions",
-    "launcher": "fabric_register_launchers",
-    "environment": "fabric_register_environments",
-}
-
-_lock = threading.RLock()
-_registry: Registry | None = None
-
-
-def _iter_entry_points() -> Iterator[Any]:
-    from importlib.metadata import entry_points
-
-    eps = list(entry_points(group=ENTRY_POINT_GROUP))
-    # Deterministic order: by distribution name, then entry-point name.
-    eps.sort(key=lambda ep: ((ep.dist.name if ep.dist else "") or "", ep.name))
-    seen: set[tuple[str, str]] = set()
-    for ep in eps:
-        key = (ep.name, ep.value)
-        if key in seen:  # the same distribution visible twice on sys.path
-            continue
-        seen.add(key)
-        yield ep
-
-
-def _autoload_allowed(ep: Any) -> bool:
-    if os.environ.get("FABRIC_DISABLE_PLUGIN_AUTOLOAD", "").strip().lower() not in ("1", "true", "yes", "on"):
-        return True
-    allowed = {_normalise(n) for n in os.environ.get("FABRIC_PLUGINS", "").split(",") if n.strip()}
-    dist = _normalise(ep.dist.name if ep.dist else "")
-    return _normalise(ep.name) in allowed or dist in allowed
+    def plugin_for(self, plugin_name: str) -> PluginInfo:
+        return self.plugins.get(plugin_name) or PluginInfo(plugin_name, plugin_name, None, len(self.plugins))
 
 
 def _normalise(name: str) -> str:
@@ -346,66 +419,19 @@ def _normalise(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name.strip()).lower()
 
 
+# -------------------------------------------------------------------------------------------------------------
+# The process-wide registry
+# -------------------------------------------------------------------------------------------------------------
+
+_lock = threading.RLock()
+_registry: Registry | None = None
+
+
 def build_registry(extra_plugins: tuple[Any, ...] = ()) -> Registry:
-    """Create a fresh plugin manager and registry (the cached one is :func:`get_registry`)."""
-    from fabric_core import builtin
+    """Create a fresh registry from the installed plugins (see :mod:`fabric_core.discovery`)."""
+    from fabric_core.discovery import build_registry as build
 
-    pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
-    pm.add_hookspecs(hookspecs)
-    if os.environ.get("FABRIC_TRACE_HOOKS", "") == "1":
-        pm.trace.root.setwriter(lambda msg: sys.stderr.write(f"[fabric hooks] {msg}"))
-        pm.enable_tracing()
-    registry = Registry(pm)
-    providers: dict[int, tuple[str, str | None]] = {}
-
-    pm.register(builtin, name="fabric_core.builtin")
-    providers[id(builtin)] = CORE_PROVIDER
-    for ep in _iter_entry_points():
-        if not _autoload_allowed(ep):
-            registry.skipped.append(ep.dist.name if ep.dist else ep.name)
-            continue
-        dist_name = ep.dist.name if ep.dist else ep.name
-        dist_version = ep.dist.version if ep.dist else None
-        try:
-            plugin = ep.load()
-            if pm.is_registered(plugin):
-                continue
-            pm.register(plugin, name=f"{dist_name}:{ep.name}")
-        except Exception as err:
-            failure = PluginFailure(ep.name, dist_name, dist_version, err)
-            registry.failures.append(failure)
-            warnings.warn(
-                f"Failed to load the Fabric plugin {failure.describe()}. Other plugins are unaffected;"
-                " set FABRIC_DISABLE_PLUGIN_AUTOLOAD=1 to skip entry-point plugins.",
-                FabricPluginWarning,
-                stacklevel=2,
-            )
-            continue
-        providers[id(plugin)] = (dist_name, dist_version)
-    for plugin in extra_plugins:
-        pm.register(plugin)
-        providers[id(plugin)] = (getattr(plugin, "__name__", type(plugin).__name__), None)
-
-    # Call each plugin's registration hooks separately, so a failing one is isolated and attributed. The order
-    # is the documented load order (built-ins, distributions alphabetically, extras), which the conflict rule
-    # "first registration wins" relies on; pluggy's own call order is the reverse of registration.
-    position = {plugin_id: index for index, plugin_id in enumerate(providers)}
-    for kind, hook_name in _REGISTRATION_HOOKS.items():
-        hook = getattr(pm.hook, hook_name)
-        for impl in sorted(hook.get_hookimpls(), key=lambda impl: position.get(id(impl.plugin), len(position))):
-            dist, version = providers.get(id(impl.plugin), (impl.plugin_name, None))
-            try:
-                impl.function(registrar=Registrar(registry, kind, dist, version))
-            except Exception as err:
-                failure = PluginFailure(impl.plugin_name, dist, version, err)
-                registry.failures.append(failure)
-                warnings.warn(
-                    f"The Fabric plugin {failure.describe()} failed while registering {kind} names;"
-                    " its names are unavailable.",
-                    FabricPluginWarning,
-                    stacklevel=2,
-                )
-    return registry
+    return build(extra_plugins)
 
 
 def get_registry() -> Registry:

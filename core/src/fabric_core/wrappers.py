@@ -74,14 +74,14 @@ def _uses_base(obj: Any, base: type, names: tuple[str, ...]) -> bool:
 
 
 def _reads_precision_plainly(strategy: Strategy) -> bool:
-    """Whether ``strategy.precision`` is the base property, so the plain paths may read ``strategy._precision``.
+    """Whether ``strategy.precision`` is the base property, so the plain paths may read ``strategy.configured_precision``.
 
     The plain paths run on every step; a property call there is a Python frame each time. A strategy that
     overrides the property keeps the full paths.
     """
     from fabric_core.strategies.base import Strategy
 
-    return type(strategy).precision is Strategy.precision and "_precision" in getattr(strategy, "__dict__", {})
+    return type(strategy).precision is Strategy.precision and "configured_precision" in getattr(strategy, "__dict__", {})
 
 
 def precision_converts(precision: Precision) -> bool:
@@ -108,7 +108,7 @@ def plain_optimizer_step(strategy: Strategy) -> bool:
 
     return (
         _reads_precision_plainly(strategy)
-        and getattr(strategy, "optimizer_step_target", None) is None
+        and strategy.optimizer_step_target is None
         and _uses_base(strategy, Strategy, ("optimizer_step",))
         and _uses_base(strategy.precision, Precision, ("optimizer_step",))
     )
@@ -166,7 +166,7 @@ class FabricModule(Module):
         # Read through the instance __dict__: attribute loads on a Module (which has `__getattr__`) are slow.
         d = self.__dict__
         if (
-            d["_strategy"]._precision is d["_call_directly"]
+            d["_strategy"].configured_precision is d["_call_directly"]
             and not (d["_forward_pre_hooks"] or d["_forward_hooks"] or d["_backward_pre_hooks"] or d["_backward_hooks"])
             and not (_G_FORWARD_PRE or _G_FORWARD or _G_BACKWARD_PRE or _G_BACKWARD)
             and d.get("_compiled_call_impl") is None  # set on the instance by `module.compile()`
@@ -178,7 +178,7 @@ class FabricModule(Module):
         return Module.__call__(self, *args, **kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if self._strategy._precision is self._plain_precision:  # `_reads_precision_plainly` allows the read
+        if self._strategy.configured_precision is self._plain_precision:  # `_reads_precision_plainly` allows the read
             return self._forward_module(*args, **kwargs)
         return self._full_forward(args, kwargs)
 
@@ -448,13 +448,13 @@ class FabricOptimizer:
 
     def step(self, closure: Callable | None = None) -> Any:
         strategy = self._strategy
-        precision = strategy._precision  # the base property's storage: see `_reads_precision_plainly`
+        precision = strategy.configured_precision  # the base property's storage: see `_reads_precision_plainly`
         if precision is not self._plain_step_precision and (
             precision is self._step_planned_for or not self._plan_step(precision)
         ):
             kwargs = {"closure": closure} if closure is not None else {}
-            target = getattr(strategy, "optimizer_step_target", None)
-            target = target(self._optimizer) if callable(target) else self._optimizer
+            target = strategy.optimizer_step_target
+            target = target(self._optimizer) if target is not None else self._optimizer
             output = strategy.optimizer_step(target, **kwargs)
         else:  # the strategy's step would only call `optimizer.step()`
             target = self._optimizer

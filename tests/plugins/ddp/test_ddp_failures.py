@@ -12,7 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from ddp_jobs import SCRIPTS, fabric_command, free_port, is_alive, start_job, wait_until
+from jobs import fabric_command, free_port, is_alive, start_job, wait_until
+
+SCRIPTS = Path(__file__).parent / "scripts"
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.skipif(sys.platform != "linux", reason="uses /proc")]
 

@@ -5,7 +5,6 @@ The multi-process behaviour is in ``test_ddp_processes.py`` and ``test_ddp_failu
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from datetime import timedelta
 
 import pytest
 import torch
-from ddp_jobs import free_port
+from jobs import free_port
 
 from fabric_core import Fabric, cli_run
 from fabric_core.accelerators.cpu import CPUAccelerator
@@ -24,7 +23,8 @@ from fabric_core.launchers.multiprocessing import MultiProcessingLauncher
 from fabric_core.launchers.subprocess_script import SubprocessScriptLauncher, script_command
 from fabric_core.registry import get_registry
 from fabric_ddp import register
-from fabric_ddp.strategy import DP_ON_CPU_WARNING, DataParallelStrategy, DDPStrategy
+from fabric_ddp.register import DP_ON_CPU_WARNING
+from fabric_ddp.strategy import DataParallelStrategy, DDPStrategy
 
 DDP_NAMES = [
     "ddp",
@@ -141,10 +141,15 @@ def test_interactive_sessions_need_a_fork_launcher(monkeypatch):
     assert Fabric(accelerator="cpu", devices=2).strategy.start_method == "fork"  # auto picks ddp_fork
 
 
+def test_data_parallel_object_refuses_the_cpu():
+    with pytest.raises(ValueError, match="cannot run on the CPU"):
+        Fabric(accelerator="cpu", strategy=DataParallelStrategy(), devices=2)
+
+
 def test_ddp_family_rejects_mps():
     for strategy in (DDPStrategy(), DataParallelStrategy()):
         with pytest.raises(ValueError, match="not supported on the MPS accelerator"):
-            strategy.connect(
+            strategy.attach(
                 accelerator=MPSAccelerator(),
                 devices=[],
                 num_nodes=1,
@@ -234,20 +239,17 @@ def test_dp_on_cuda_is_one_process():
 # ------------------------------------------------------------------------------------------------ fabric run
 
 
-def _run_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fabric")
-    cli_run.add_run_parser(parser.add_subparsers(dest="command"))
-    return parser
-
-
-def test_cli_strategy_choices_exclude_self_launching_ones(capsys):
-    choices = cli_run.strategy_choices()
-    assert {"ddp", "dp", "ddp_find_unused_parameters_true"} <= set(choices)
-    assert not {"ddp_spawn", "ddp_fork", "ddp_notebook"} & set(choices)
-    with pytest.raises(SystemExit) as raised:
-        _run_parser().parse_args(["run", "--strategy", "ddp_spawn", "train.py"])
-    assert raised.value.code == 2
-    assert "invalid choice: 'ddp_spawn'" in capsys.readouterr().err
+def test_cli_refuses_strategies_whose_launcher_needs_a_function(tmp_path, capsys):
+    """Decided from the classes: spawn/fork launchers run a function, so `fabric run` cannot start them."""
+    for name in ("ddp_spawn", "ddp_fork", "ddp_notebook"):
+        with pytest.raises(cli_run.CLIError, match=f"strategy '{name}' starts its processes itself"):
+            cli_run.processes_per_node("cpu", name, "2")
+    for name in ("ddp", "dp", "ddp_find_unused_parameters_true"):
+        assert cli_run.processes_per_node("cpu", name, "2") == (2, "2")
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit('must not run')")
+    assert cli_run.main(["--strategy", "ddp_spawn", str(script)]) == 2
+    assert "`fabric run` cannot start it" in capsys.readouterr().err
 
 
 def test_cli_arguments_reach_torchrun_and_the_environment(monkeypatch):
@@ -255,11 +257,11 @@ def test_cli_arguments_reach_torchrun_and_the_environment(monkeypatch):
                 "FABRIC_PRECISION", "FABRIC_ACCELERATOR"):  # fmt: skip
         monkeypatch.setenv(var, "")  # so that monkeypatch restores the original state afterwards
         monkeypatch.delenv(var)
-    args = _run_parser().parse_args(
-        ["run", "--devices", "2", "--num_nodes", "3", "--node-rank", "1", "--main-address", "10.0.0.1",
+    args = cli_run.parse_run_args(
+        ["--devices", "2", "--num_nodes", "3", "--node-rank", "1", "--main-address", "10.0.0.1",
          "--main_port", "1234", "--strategy", "ddp", "--precision", "64-true", "train.py", "--lr", "0.1", "-m"]
     )  # fmt: skip
-    assert args.handler is cli_run.run_main and args.script_args == ["--lr", "0.1", "-m"]
+    assert args.script == "train.py" and args.script_args == ["--lr", "0.1", "-m"]
     nprocs, devices = cli_run.processes_per_node(args.accelerator, args.strategy, args.devices)
     assert (nprocs, devices) == (2, "2")
     assert cli_run.torchrun_arguments(args, nprocs) == [
@@ -272,26 +274,26 @@ def test_cli_arguments_reach_torchrun_and_the_environment(monkeypatch):
     assert os.environ["FABRIC_PRECISION"] == "64-true" and "FABRIC_ACCELERATOR" not in os.environ
     assert os.environ["OMP_NUM_THREADS"] == str(max(1, (os.cpu_count() or 1) // 2))
 
-    module_args = _run_parser().parse_args(["run", "-m", "pkg.train", "--epochs", "1"])
+    module_args = cli_run.parse_run_args(["-m", "pkg.train", "--epochs", "1"])
     assert cli_run.torchrun_arguments(module_args, 1)[-4:] == ["-m", "pkg.train", "--epochs", "1"]
 
 
 def test_cli_processes_per_node():
     assert cli_run.processes_per_node("cpu", None, "3") == (3, "3")
-    assert cli_run.processes_per_node(None, None, "auto") == (1, "1")
+    assert cli_run.processes_per_node(None, None, "auto") == (1, "auto")  # each process resolves "auto" itself
     assert cli_run.processes_per_node("cpu", "dp", "4") == (4, "4")  # on CPU, dp becomes ddp
-    with pytest.raises(cli_run.CLIError, match="TPU"):
+    with pytest.raises(cli_run.CLIError, match="pip install fabric-xla|FABRIC_PLUGINS"):
         cli_run.processes_per_node("tpu", None, "8")
     with pytest.raises(cli_run.CLIError):
         cli_run.processes_per_node("cpu", None, "0")
 
 
 def test_cli_rejects_bad_input_before_starting_anything(tmp_path, capsys):
-    missing = _run_parser().parse_args(["run", str(tmp_path / "missing.py")])
+    missing = cli_run.parse_run_args([str(tmp_path / "missing.py")])
     assert cli_run.run_main(missing) == 2
     assert "does not exist" in capsys.readouterr().err
     script = tmp_path / "train.py"
     script.write_text("raise SystemExit('must not run')")
-    bad_rank = _run_parser().parse_args(["run", "--num-nodes", "2", "--node-rank", "2", str(script)])
+    bad_rank = cli_run.parse_run_args(["--num-nodes", "2", "--node-rank", "2", str(script)])
     assert cli_run.run_main(bad_rank) == 2
     assert "--node-rank" in capsys.readouterr().err

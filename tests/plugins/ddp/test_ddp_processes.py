@@ -12,7 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from ddp_jobs import SCRIPTS, fabric_command, free_port, job_env, run_job, start_job
+from jobs import fabric_command, free_port, job_env, run_job, start_job
+
+SCRIPTS = Path(__file__).parent / "scripts"
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.skipif(sys.platform != "linux", reason="uses /proc")]
 

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from fsdp_helpers import SCRIPTS, read_json, run_ranks, run_script
+from jobs import read_json, run_ranks, run_script
 
 pytestmark = pytest.mark.multiprocess
 
+SCRIPTS = Path(__file__).parent / "scripts"
 sys.path.append(str(SCRIPTS))  # for fsdp_common / fsdp_skeleton; appended so nothing else is shadowed
 import fsdp_common as common  # noqa: E402  (the model and data the scripts use)
 
@@ -53,7 +54,7 @@ def _consolidate(*argv: str) -> int:
 # ----------------------------------------------------------------------------------------------------- training
 def test_training_checkpoints_and_bad_inputs(tmp_path: Path) -> None:
     """2 ranks train like the single-process reference; checkpoints move between 2 ranks, 1 rank, DDP, 1 device."""
-    run_ranks("train_checks.py", str(tmp_path), tmp_path=tmp_path)
+    run_ranks(SCRIPTS / "train_checks.py", str(tmp_path), tmp_path=tmp_path)
     r = read_json(tmp_path / "result.json")
 
     # The default policy shards the TransformerEncoderLayer on its own, and the root.
@@ -103,7 +104,7 @@ def test_training_checkpoints_and_bad_inputs(tmp_path: Path) -> None:
     assert filtered["model"] and all("bias" not in k for k in filtered["model"])
 
     # 2 ranks -> 1 rank (FSDP), full file -> FSDP, raw state dict -> FSDP; then save on 1 rank.
-    run_ranks("load_checks.py", str(tmp_path), "fsdp1", world_size=1, tmp_path=tmp_path)
+    run_ranks(SCRIPTS / "load_checks.py", str(tmp_path), "fsdp1", world_size=1, tmp_path=tmp_path)
     one = read_json(tmp_path / "load_fsdp1.json")
     assert one == {
         "remainder": ["counter"],
@@ -115,7 +116,7 @@ def test_training_checkpoints_and_bad_inputs(tmp_path: Path) -> None:
         "load_raw_param_diff": 0.0,
     }
     # 1 rank -> 2 ranks (FSDP); 2-rank sharded -> DDP through the core's loader hook; DDP file -> FSDP.
-    run_ranks("load_checks.py", str(tmp_path), "fsdp2", tmp_path=tmp_path)
+    run_ranks(SCRIPTS / "load_checks.py", str(tmp_path), "fsdp2", tmp_path=tmp_path)
     two = read_json(tmp_path / "load_fsdp2.json")
     assert two["step"] == 11 and two["param_diff"] == 0.0 and two["optimizer_diff"] == 0.0
     if _ddp_installed():
@@ -149,7 +150,7 @@ def test_training_checkpoints_and_bad_inputs(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------------------------------- the seeds' loop
 def test_seed_skeleton_meta_init_and_single_process_load(tmp_path: Path) -> None:
     """The documented loop with Fabric's own launcher; a meta-device model never exists in full on a rank."""
-    output = run_script("fsdp_skeleton.py", str(tmp_path), timeout=180, tmp_path=tmp_path)
+    output = run_script(SCRIPTS / "fsdp_skeleton.py", str(tmp_path), timeout=180, tmp_path=tmp_path)
     r = read_json(tmp_path / "skeleton.json")
     assert r["world_size"] == 2, output
     assert r["meta_before_setup"] and r["materialized"] and r["finite"]
@@ -216,7 +217,7 @@ def test_consolidate_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> No
 
 # ----------------------------------------------------------------------------------------------------- options
 def test_strategy_options_and_precisions(tmp_path: Path) -> None:
-    run_ranks("variants.py", str(tmp_path), timeout=180, tmp_path=tmp_path)
+    run_ranks(SCRIPTS / "variants.py", str(tmp_path), timeout=180, tmp_path=tmp_path)
     r = read_json(tmp_path / "variants.json")
     ref = r["ref_losses"]
     exact = ("blocks_checkpointed", "no_reshard", "hybrid", "replicated", "cpu_offload")
@@ -249,7 +250,7 @@ def test_strategy_options_and_precisions(tmp_path: Path) -> None:
 
 def test_root_keeps_parameters_gathered_until_backward(tmp_path: Path) -> None:
     """`reshard_after_forward` applies to the wrapped units; the root follows torch's default (no resharding)."""
-    run_ranks("reshard_checks.py", str(tmp_path), tmp_path=tmp_path)
+    run_ranks(SCRIPTS / "reshard_checks.py", str(tmp_path), tmp_path=tmp_path)
     r = read_json(tmp_path / "reshard.json")
     # Default (and an explicit None): the root stays gathered from forward to backward, the `enc` unit is freed.
     # All-gathers per step: root once (forward), enc twice (forward, backward).
@@ -276,7 +277,7 @@ def test_root_keeps_parameters_gathered_until_backward(tmp_path: Path) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs (NCCL)")
 def test_seed_skeleton_on_two_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FSDP_TEST_ACCELERATOR", "cuda")
-    output = run_script("fsdp_skeleton.py", str(tmp_path), timeout=300, tmp_path=tmp_path)
+    output = run_script(SCRIPTS / "fsdp_skeleton.py", str(tmp_path), timeout=300, tmp_path=tmp_path)
     r = read_json(tmp_path / "skeleton.json")
     assert r["world_size"] == 2, output
     assert r["materialized"] and r["finite"] and r["shards_differ"]

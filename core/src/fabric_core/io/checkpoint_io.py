@@ -22,6 +22,13 @@ from typing import Any
 
 import torch
 
+from fabric_core.io.commit import fsync_directory, remove_leftovers, temp_prefix
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
+
 __all__ = ["CheckpointIO", "TorchCheckpointIO", "atomic_save"]
 
 _PathLike = str | os.PathLike
@@ -74,21 +81,6 @@ def _default_file_mode() -> int:
         umask = os.umask(0o022)
         os.umask(umask)
     return 0o666 & ~umask
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make a rename durable by syncing the directory entry; best effort (impossible on Windows)."""
-    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
-    try:
-        fd = os.open(directory, flags)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 _SYNC_FILE_RANGE_WRITE = 2  # start writeback of dirty pages in the range, do not wait
@@ -145,10 +137,12 @@ class _WritebackFile:
 def atomic_save(obj: Any, path: _PathLike) -> None:
     """``torch.save(obj, path)``, but a reader sees either the old file or the complete new one, never a torso.
 
-    The data is streamed straight into ``.<name>.tmp-XXXX`` in the target's folder (the same filesystem, so the
-    final rename is atomic), flushed and fsynced, then moved over ``path`` with :func:`os.replace`. Nothing is
-    buffered in memory first, so saving needs no second copy of the state. On any failure, including
-    ``KeyboardInterrupt``, the temporary file is deleted and the exception propagates; ``path`` is untouched.
+    The data is streamed straight into ``.<name>.tmp-<host>-<pid>-XXXX`` in the target's folder (the same
+    filesystem, so the final rename is atomic) while this process holds a ``flock`` on it, flushed and fsynced,
+    then moved over ``path`` with :func:`os.replace`. Nothing is buffered in memory first, so saving needs no
+    second copy of the state. On any failure, including ``KeyboardInterrupt``, the temporary file is deleted and
+    the exception propagates; ``path`` is untouched. What a killed save left is removed by the next save of the
+    same path (see :mod:`fabric_core.io.commit`).
 
     Processes that memory-mapped the old file keep a valid view of it: the rename swaps the directory entry, it
     does not modify the old file's contents.
@@ -158,16 +152,19 @@ def atomic_save(obj: Any, path: _PathLike) -> None:
         raise IsADirectoryError(f"Cannot save a checkpoint to {str(target)!r}: it is an existing directory.")
     parent = target.parent
     parent.mkdir(parents=True, exist_ok=True)
+    remove_leftovers(target)
 
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=parent)
+    fd, tmp_name = tempfile.mkstemp(prefix=temp_prefix(target), dir=parent)
     try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # marks the file as being written (see commit.py)
         with os.fdopen(fd, "wb") as tmp_file:
             sync_file_range = _load_sync_file_range()
             torch.save(obj, _WritebackFile(tmp_file, sync_file_range) if sync_file_range else tmp_file)
             tmp_file.flush()
             os.fsync(tmp_file.fileno())
-        os.chmod(tmp_name, _default_file_mode())
-        os.replace(tmp_name, target)
+            os.chmod(tmp_name, _default_file_mode())
+            os.replace(tmp_name, target)
     except BaseException:
         # BaseException on purpose: Ctrl-C mid-save must not leave a multi-GB temporary file behind.
         try:
@@ -175,7 +172,7 @@ def atomic_save(obj: Any, path: _PathLike) -> None:
         except FileNotFoundError:
             pass
         raise
-    _fsync_directory(parent)
+    fsync_directory(parent)
 
 
 _UNSAFE_LOAD_HINT = (

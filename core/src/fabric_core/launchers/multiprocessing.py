@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fabric_core.launchers.base import Launcher
+from fabric_core.utilities.topology import Topology
 
 if TYPE_CHECKING:
-    from fabric_core.strategies.base import Strategy
+    from fabric_core.strategies.parallel import ParallelStrategy
 
 _POLL_S = 0.05
 
@@ -38,7 +39,9 @@ class MultiProcessingLauncher(Launcher):
 
     requires_function = True
 
-    def __init__(self, strategy: Strategy, start_method: str = "spawn") -> None:
+    strategy: ParallelStrategy
+
+    def __init__(self, strategy: ParallelStrategy, start_method: str = "spawn") -> None:
         super().__init__(strategy)
         available = multiprocessing.get_all_start_methods()
         if start_method not in available:
@@ -61,7 +64,7 @@ class MultiProcessingLauncher(Launcher):
 
     @property
     def num_processes(self) -> int:
-        return int(getattr(self.strategy, "num_processes", 1))
+        return self.strategy.num_processes
 
     def launch(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``function(*args, **kwargs)`` in every worker and return local rank 0's result (on the CPU)."""
@@ -69,7 +72,7 @@ class MultiProcessingLauncher(Launcher):
 
         if self.start_method == "fork":
             _check_can_fork()
-        env = getattr(self.strategy, "cluster_environment", None)
+        env = self.strategy.cluster_environment
         if env is not None:
             # Decide the rendezvous once, here, so all workers see the same (possibly freshly picked) port.
             os.environ["MASTER_ADDR"] = env.main_address
@@ -107,7 +110,7 @@ def _check_can_fork() -> None:
 
 def _worker(
     process_idx: int,
-    strategy: Strategy,
+    strategy: ParallelStrategy,
     function: Callable[..., Any],
     args: tuple,
     kwargs: dict[str, Any],
@@ -126,11 +129,11 @@ def _worker(
         # the *same* CPU parameters; give each worker its own copy.
         args, kwargs = _unshare_modules((args, kwargs))
     os.environ["LOCAL_RANK"] = str(process_idx)
-    env = getattr(strategy, "cluster_environment", None)
+    env = strategy.cluster_environment
     if env is not None:
-        num_processes = int(getattr(strategy, "num_processes", 1))
-        env.set_global_rank(env.node_rank() * num_processes + process_idx)
-        env.set_world_size(strategy.num_nodes * num_processes)
+        topology = Topology(strategy.num_nodes, strategy.num_processes, env.node_rank(), process_idx)
+        env.set_global_rank(topology.global_rank)
+        env.set_world_size(topology.world_size)
     result = function(*args, **kwargs)
     if process_idx == 0:
         results.put(_serialize(result))

@@ -37,9 +37,11 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fabric_core.launchers.base import Launcher
+from fabric_core.utilities.topology import Topology, threads_per_process
 
 if TYPE_CHECKING:
-    from fabric_core.strategies.base import Strategy
+    from fabric_core.environments.base import ClusterEnvironment
+    from fabric_core.strategies.parallel import ParallelStrategy
 
 #: Set to "1" in every process this launcher starts.
 CHILD_FLAG = "FABRIC_LAUNCHER_CHILD"
@@ -351,46 +353,40 @@ class SubprocessScriptLauncher(Launcher):
     requires_function = False
     is_interactive_compatible = False
 
-    def __init__(self, strategy: Strategy) -> None:
+    strategy: ParallelStrategy
+
+    def __init__(self, strategy: ParallelStrategy) -> None:
         super().__init__(strategy)
         self.children: _ChildGroup | None = None
 
     @property
     def num_processes(self) -> int:
-        return int(getattr(self.strategy, "num_processes", 1))
+        return self.strategy.num_processes
 
     def launch(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        env = getattr(self.strategy, "cluster_environment", None)
+        env = self.strategy.cluster_environment
         if self.children is None and env is not None and not env.creates_processes_externally:
             self._start_children(env)
         return function(*args, **kwargs)
 
-    def child_environment(self, env: Any, local_rank: int) -> dict[str, str]:
+    def _topology(self, env: ClusterEnvironment, local_rank: int) -> Topology:
+        return Topology(self.strategy.num_nodes, self.num_processes, env.node_rank(), local_rank)
+
+    def child_environment(self, env: ClusterEnvironment, local_rank: int) -> dict[str, str]:
         """The environment of the child for ``local_rank``: this process's plus the rendezvous variables."""
         child = dict(os.environ)
-        node_rank = env.node_rank()
-        child.update(
-            {
-                "LOCAL_RANK": str(local_rank),
-                "NODE_RANK": str(node_rank),
-                "RANK": str(node_rank * self.num_processes + local_rank),
-                "WORLD_SIZE": str(self.strategy.num_nodes * self.num_processes),
-                "MASTER_ADDR": env.main_address,
-                "MASTER_PORT": str(env.main_port),
-                CHILD_FLAG: "1",
-            }
-        )
+        child.update(self._topology(env, local_rank).environment(env.main_address, env.main_port))
+        child[CHILD_FLAG] = "1"
         if "OMP_NUM_THREADS" not in os.environ:
-            child["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, self.num_processes)))
+            child["OMP_NUM_THREADS"] = str(threads_per_process(self.num_processes))
         return child
 
-    def _start_children(self, env: Any, command: Sequence[str] | None = None) -> None:
+    def _start_children(self, env: ClusterEnvironment, command: Sequence[str] | None = None) -> None:
         command = list(command) if command is not None else script_command()
         # Fix the rendezvous in this process first, so rank 0 and the children agree on the (free) port.
-        os.environ["MASTER_ADDR"] = env.main_address
-        os.environ["MASTER_PORT"] = str(env.main_port)
-        os.environ["NODE_RANK"] = str(env.node_rank())
-        os.environ["WORLD_SIZE"] = str(self.strategy.num_nodes * self.num_processes)
+        rank_zero_env = self._topology(env, 0).environment(env.main_address, env.main_port)
+        for key in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "WORLD_SIZE"):
+            os.environ[key] = rank_zero_env[key]
         preexec = _parent_death_signal()
         group_kwargs: dict[str, Any] = {}
         if os.name == "posix":

@@ -1,19 +1,14 @@
-"""The strategy contract that every strategy plugin (single device, DDP, FSDP, DeepSpeed, XLA) implements.
+"""The strategy contract that every strategy plugin implements.
 
-The facade (:class:`fabric_core.Fabric`) only ever talks to a strategy through these methods, so a new
-strategy never needs a change in the core. The defaults here are correct for one process holding the whole
-model; parallel strategies override what they must.
+The facade (:class:`fabric_core.Fabric`) only ever talks to a strategy through the methods and attributes
+declared here, so a new strategy never needs a change in the core. The defaults are correct for one process
+holding the whole model; parallel strategies override what they must. Every attribute the core reads is
+declared on this class (``launcher_name``, ``requires_launch``, ``requires_joint_setup``,
+``optimizer_step_target``, ``backward_sync_control``, ...) and documented in ``docs/plugins.md``.
 
-How the five families hook in:
-
-* DDP wraps the module in ``setup_module`` and exposes ``backward_sync_control`` for ``no_backward_sync``.
-* FSDP shards in ``setup_module``, creates meta-device modules in ``module_init_context(empty_init=True)``,
-  writes sharded checkpoints in ``save_checkpoint`` and supplies its precision through the
-  ``fabric_select_precision`` hook.
-* DeepSpeed sets ``requires_joint_setup`` (its engine owns model *and* optimizer), builds the engine in
-  ``setup_module_and_optimizers``, and owns backward and the optimizer step (``backward``/``optimizer_step``
-  receive the module the user passed, or ``None``).
-* XLA sets ``requires_joint_setup`` and wraps dataloaders in ``process_dataloader``.
+Checkpoints are a component of their own (:mod:`fabric_core.io`): the strategy supplies only how a module or an
+optimizer becomes a state dict and back; the walk over the user's state, the file formats and the crash-safe
+commit are shared by every strategy.
 """
 
 from __future__ import annotations
@@ -29,6 +24,8 @@ from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
 
+from fabric_core.io.formats import read_checkpoint
+from fabric_core.io.state import PRECISION_STATE_KEY, Filter, restore_state, state_to_save
 from fabric_core.precision.base import Precision
 from fabric_core.utilities.apply import move_data_to_device
 
@@ -36,10 +33,10 @@ if TYPE_CHECKING:
     from fabric_core.accelerators.base import Accelerator
     from fabric_core.environments.base import ClusterEnvironment
     from fabric_core.io.checkpoint_io import CheckpointIO
+    from fabric_core.io.formats import FindReader
     from fabric_core.launchers.base import Launcher
 
-#: Where a precision plugin's state (e.g. a GradScaler) is stored inside a checkpoint.
-PRECISION_STATE_KEY = "__fabric_precision__"
+__all__ = ["PRECISION_STATE_KEY", "BackwardSyncControl", "Strategy"]
 
 
 class BackwardSyncControl(ABC):
@@ -48,10 +45,6 @@ class BackwardSyncControl(ABC):
     @abstractmethod
     def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager:
         """A context in which backward does not synchronise gradients across processes."""
-
-
-def is_stateful(obj: Any) -> bool:
-    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 
 
 class Strategy(ABC):
@@ -63,6 +56,10 @@ class Strategy(ABC):
     requires_joint_setup: bool = False
     #: True when ``launch()`` (or the CLI) must run before models/data/collectives are used.
     requires_launch: bool = False
+    #: When set, ``optimizer.step()`` on a wrapped optimizer calls ``strategy.optimizer_step(target)`` with
+    #: ``target = optimizer_step_target(optimizer)`` instead of the optimizer itself (an engine that owns the
+    #: step, such as DeepSpeed's). ``None``: the optimizer is stepped.
+    optimizer_step_target: Callable[[Optimizer], Any] | None = None
 
     def __init__(
         self,
@@ -71,14 +68,19 @@ class Strategy(ABC):
         precision: Precision | None = None,
     ) -> None:
         self._accelerator = accelerator
-        self._checkpoint_io = checkpoint_io
-        self._precision = precision
+        #: The checkpoint I/O set on this strategy (by its constructor or the resolver), or ``None`` for the default.
+        self.configured_checkpoint_io: CheckpointIO | None = checkpoint_io
+        #: The precision set on this strategy (by its constructor or the resolver), or ``None`` so far. A plain
+        #: attribute, so the per-step fast paths of the wrappers compare it without a property call; assign
+        #: :attr:`precision` to change it.
+        self.configured_precision: Precision | None = precision
         self._launcher: Launcher | None = None
         self.cluster_environment: ClusterEnvironment | None = None
         self._num_nodes = 1
+        self._find_checkpoint_reader: FindReader | None = None
 
     # ---------------------------------------------------------------------------------------- wiring
-    def connect(
+    def attach(
         self,
         *,
         accelerator: Accelerator,
@@ -86,13 +88,20 @@ class Strategy(ABC):
         num_nodes: int,
         cluster_environment: ClusterEnvironment | None,
         checkpoint_io: CheckpointIO | None,
+        find_checkpoint_reader: FindReader | None = None,
     ) -> None:
-        """Receive what the resolver decided. Values the user set on the strategy itself are kept."""
+        """Receive what the resolver decided. Values the user set on the strategy itself are kept.
+
+        ``find_checkpoint_reader`` returns the reader of a checkpoint directory's format (the
+        ``fabric_select_checkpoint_reader`` hook), so loading a format owned by another plugin needs no registry.
+        """
         if self._accelerator is None:
             self._accelerator = accelerator
-        if self._checkpoint_io is None:
-            self._checkpoint_io = checkpoint_io
+        if self.configured_checkpoint_io is None:
+            self.configured_checkpoint_io = checkpoint_io
         self._num_nodes = num_nodes
+        if find_checkpoint_reader is not None:
+            self._find_checkpoint_reader = find_checkpoint_reader
 
     @property
     def accelerator(self) -> Accelerator | None:
@@ -104,25 +113,25 @@ class Strategy(ABC):
 
     @property
     def precision(self) -> Precision:
-        if self._precision is None:
-            self._precision = Precision()
-        return self._precision
+        if self.configured_precision is None:
+            self.configured_precision = Precision()
+        return self.configured_precision
 
     @precision.setter
     def precision(self, precision: Precision | None) -> None:
-        self._precision = precision
+        self.configured_precision = precision
 
     @property
     def checkpoint_io(self) -> CheckpointIO:
-        if self._checkpoint_io is None:
+        if self.configured_checkpoint_io is None:
             from fabric_core.io.checkpoint_io import TorchCheckpointIO
 
-            self._checkpoint_io = TorchCheckpointIO()
-        return self._checkpoint_io
+            self.configured_checkpoint_io = TorchCheckpointIO()
+        return self.configured_checkpoint_io
 
     @checkpoint_io.setter
     def checkpoint_io(self, io: CheckpointIO | None) -> None:
-        self._checkpoint_io = io
+        self.configured_checkpoint_io = io
 
     @property
     def launcher(self) -> Launcher | None:
@@ -187,8 +196,8 @@ class Strategy(ABC):
         self.precision.teardown()
         if self.accelerator is not None:
             self.accelerator.teardown()
-        if self._checkpoint_io is not None:
-            self._checkpoint_io.teardown()
+        if self.configured_checkpoint_io is not None:
+            self.configured_checkpoint_io.teardown()
 
     # ---------------------------------------------------------------------------------------- init contexts
     def tensor_init_context(self) -> AbstractContextManager:
@@ -298,43 +307,29 @@ class Strategy(ABC):
     def convert_state(
         self,
         state: dict[str, Any],
-        filter: dict[str, Callable[[str, Any], bool]] | None = None,
+        filter: Filter | None = None,
         module_state: Callable[[Module], dict[str, Any]] | None = None,
         optimizer_state: Callable[[Optimizer], dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
-        """Turn modules, optimizers and stateful objects into plain state dicts, applying ``filter``.
+        """What a single-file checkpoint of ``state`` holds (see :func:`~fabric_core.io.state.state_to_save`).
 
         ``module_state``/``optimizer_state`` replace :meth:`get_module_state_dict`/:meth:`get_optimizer_state`
         for one conversion (e.g. FSDP gathering a full state dict for a single-file checkpoint).
         """
-        module_state = module_state or self.get_module_state_dict
-        optimizer_state = optimizer_state or self.get_optimizer_state
-        converted: dict[str, Any] = {}
-        for key, obj in state.items():
-            if isinstance(obj, Module):
-                value = module_state(obj)
-            elif isinstance(obj, Optimizer):
-                value = optimizer_state(obj)
-            elif is_stateful(obj):
-                value = obj.state_dict()
-            else:
-                value = obj
-            if filter is not None and key in filter and isinstance(value, dict):
-                value = {k: v for k, v in value.items() if filter[key](k, v)}
-                if not value:
-                    continue
-            converted[key] = value
-        precision_state = self.precision.state_dict()
-        if precision_state:
-            converted[PRECISION_STATE_KEY] = precision_state
-        return converted
+        return state_to_save(
+            state,
+            module_state=module_state or self.get_module_state_dict,
+            optimizer_state=optimizer_state or self.get_optimizer_state,
+            filter=filter,
+            precision_state=self.precision.state_dict(),
+        )
 
     def save_checkpoint(
         self,
         path: str | Path,
         state: dict[str, Any],
         storage_options: Any | None = None,
-        filter: dict[str, Callable[[str, Any], bool]] | None = None,
+        filter: Filter | None = None,
     ) -> None:
         """Write ``state`` to ``path`` from global rank 0 (crash-safe through the checkpoint I/O)."""
         converted = self.convert_state(state, filter)
@@ -342,25 +337,8 @@ class Strategy(ABC):
             self.checkpoint_io.save_checkpoint(converted, path, storage_options=storage_options)
 
     def read_checkpoint(self, path: str | Path, weights_only: bool | None = None) -> dict[str, Any]:
-        """Read a whole checkpoint into a dict; formats owned by plugins are read through a hook.
-
-        Single files are memory-mapped: tensors are paged in only as ``load_state_dict`` copies them, so loading
-        needs no second full copy in RAM (measured 0.15x the time of a plain ``torch.load`` for 512 MiB).
-        Files in torch's legacy (pre-zipfile) format cannot be mapped and are read normally.
-        """
-        from fabric_core.registry import get_registry
-
-        path = Path(path)
-        if path.is_dir():
-            loader = get_registry().hook.fabric_checkpoint_loader(path=path)
-            if loader is not None:
-                return loader(path, torch.device("cpu"))
-        try:
-            return self.checkpoint_io.load_checkpoint(path, weights_only=weights_only, mmap=True)
-        except RuntimeError as err:
-            if "mmap" not in str(err):
-                raise
-            return self.checkpoint_io.load_checkpoint(path, weights_only=weights_only)
+        """Read a whole checkpoint into a dict: a file memory-mapped, a directory through its format's reader."""
+        return read_checkpoint(path, self.checkpoint_io, self._find_checkpoint_reader, weights_only=weights_only)
 
     def load_checkpoint(
         self,
@@ -370,39 +348,14 @@ class Strategy(ABC):
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
         """Restore ``state`` in place from ``path`` and return what the checkpoint holds beyond it."""
-        checkpoint = self.read_checkpoint(path, weights_only=weights_only)
-        precision_state = checkpoint.pop(PRECISION_STATE_KEY, None) if isinstance(checkpoint, dict) else None
-        if isinstance(state, Module):
-            self.load_module_state_dict(state, checkpoint, strict=strict)
-            return {}
-        if isinstance(state, Optimizer):
-            self.load_optimizer_state(state, checkpoint)
-            return {}
-        if not state:
-            if precision_state is not None:
-                checkpoint[PRECISION_STATE_KEY] = precision_state
-            return checkpoint
-        missing = [k for k in state if k not in checkpoint]
-        if strict and missing:
-            raise KeyError(
-                f"The requested state contains a key {missing[0]!r} that does not exist in the loaded checkpoint."
-                f" Keys in the checkpoint: {sorted(checkpoint)}. To disable strict loading, set `strict=False`."
-            )
-        for key, obj in list(state.items()):
-            if key not in checkpoint:
-                continue
-            value = checkpoint.pop(key)
-            if isinstance(obj, Module):
-                self.load_module_state_dict(obj, value, strict=strict)
-            elif isinstance(obj, Optimizer):
-                self.load_optimizer_state(obj, value)
-            elif is_stateful(obj):
-                obj.load_state_dict(value)
-            else:
-                state[key] = value
-        if precision_state is not None:
-            self.precision.load_state_dict(precision_state)
-        return checkpoint
+        return restore_state(
+            state,
+            self.read_checkpoint(path, weights_only=weights_only),
+            strict=strict,
+            load_module=self.load_module_state_dict,
+            load_optimizer=self.load_optimizer_state,
+            load_precision=self.precision.load_state_dict,
+        )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={self.root_device})"

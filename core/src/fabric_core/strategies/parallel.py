@@ -1,7 +1,8 @@
-"""Base for strategies that run one process per device: owns the process group and the collectives.
+"""Base for strategies that run one process per device joined by a ``torch.distributed`` process group.
 
-Plugins such as DDP and FSDP subclass this and only add how the module is wrapped; creating and destroying
-the ``torch.distributed`` process group, rank bookkeeping and the collectives live here once.
+``ParallelStrategy`` owns that process group: it creates and destroys it, keeps the rank bookkeeping and
+implements the collectives. Plugins such as DDP and FSDP subclass it and only add how the module is wrapped;
+the launchers that start its processes are typed against it.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from torch import Tensor
 
 from fabric_core.strategies.base import Strategy
 from fabric_core.utilities import rank_zero
+from fabric_core.utilities.topology import Topology, threads_per_process
 
 if TYPE_CHECKING:
     from fabric_core.accelerators.base import Accelerator
     from fabric_core.environments.base import ClusterEnvironment
     from fabric_core.io.checkpoint_io import CheckpointIO
+    from fabric_core.io.formats import FindReader
     from fabric_core.precision.base import Precision
 
 DEFAULT_TIMEOUT = timedelta(minutes=30)
@@ -32,7 +35,17 @@ def _dist() -> Any:
 
 
 class ParallelStrategy(Strategy):
-    """One process per device, across ``num_nodes`` nodes, joined by a ``torch.distributed`` group."""
+    """One process per device, across ``num_nodes`` nodes, joined by a ``torch.distributed`` process group.
+
+    Args:
+        parallel_devices: the devices of this node (one process each); by default what ``devices=`` resolved to.
+        cluster_environment: where ranks and the rendezvous come from; by default the detected one.
+        process_group_backend: ``"gloo"``, ``"nccl"``, ...; by default the accelerator's (nccl on CUDA, gloo
+            otherwise).
+        timeout: how long a collective waits for the other ranks before failing.
+        start_method: ``"popen"`` (re-run the script for each extra local rank), ``"spawn"``, ``"fork"`` or
+            ``"forkserver"`` (run the function given to ``fabric.launch`` in new processes).
+    """
 
     requires_launch = True
     launcher_name = "subprocess"
@@ -57,7 +70,7 @@ class ParallelStrategy(Strategy):
         self.launcher_name = "subprocess" if start_method == "popen" else start_method
         self._owns_process_group = False
 
-    def connect(
+    def attach(
         self,
         *,
         accelerator: Accelerator,
@@ -65,13 +78,15 @@ class ParallelStrategy(Strategy):
         num_nodes: int,
         cluster_environment: ClusterEnvironment | None,
         checkpoint_io: CheckpointIO | None,
+        find_checkpoint_reader: FindReader | None = None,
     ) -> None:
-        super().connect(
+        super().attach(
             accelerator=accelerator,
             devices=devices,
             num_nodes=num_nodes,
             cluster_environment=cluster_environment,
             checkpoint_io=checkpoint_io,
+            find_checkpoint_reader=find_checkpoint_reader,
         )
         if self.parallel_devices is None:
             self.parallel_devices = list(devices)
@@ -110,14 +125,20 @@ class ParallelStrategy(Strategy):
     def distributed_sampler_kwargs(self) -> dict[str, Any] | None:
         return {"num_replicas": self.world_size, "rank": self.global_rank}
 
+    @property
+    def topology(self) -> Topology:
+        """This job's layout as this strategy was configured (``num_nodes`` x ``num_processes``)."""
+        return Topology(self.num_nodes, self.num_processes, self.node_rank, self.local_rank)
+
     def set_world_ranks(self) -> None:
         """Tell the cluster environment this process's rank and the world size, unless it already knows."""
         env = self.cluster_environment
         if env is None:
             return
         if not env.creates_processes_externally:
-            env.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
-            env.set_world_size(self.num_nodes * self.num_processes)
+            topology = self.topology
+            env.set_global_rank(topology.global_rank)
+            env.set_world_size(topology.world_size)
         rank_zero.set_rank(env.global_rank())
 
     # ---------------------------------------------------------------------------------------- lifecycle
@@ -131,7 +152,7 @@ class ParallelStrategy(Strategy):
         """Avoid thread oversubscription: N processes on one CPU each get cores/N intra-op threads."""
         if self.root_device.type != "cpu" or "OMP_NUM_THREADS" in os.environ or self.num_processes <= 1:
             return
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.num_processes))
+        torch.set_num_threads(threads_per_process(self.num_processes))
 
     def get_process_group_backend(self) -> str:
         if self.process_group_backend:

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from fabric_core.accelerators.base import Accelerator
     from fabric_core.environments.base import ClusterEnvironment
     from fabric_core.io.checkpoint_io import CheckpointIO
+    from fabric_core.io.formats import FindReader
     from fabric_core.precision.base import Precision
 
 
@@ -38,7 +39,7 @@ class SingleDeviceStrategy(Strategy):
         super().__init__(accelerator=accelerator, checkpoint_io=checkpoint_io, precision=precision)
         self._device = torch.device(device) if device is not None else None
 
-    def connect(
+    def attach(
         self,
         *,
         accelerator: Accelerator,
@@ -46,13 +47,15 @@ class SingleDeviceStrategy(Strategy):
         num_nodes: int,
         cluster_environment: ClusterEnvironment | None,
         checkpoint_io: CheckpointIO | None,
+        find_checkpoint_reader: FindReader | None = None,
     ) -> None:
-        super().connect(
+        super().attach(
             accelerator=accelerator,
             devices=devices,
             num_nodes=num_nodes,
             cluster_environment=cluster_environment,
             checkpoint_io=checkpoint_io,
+            find_checkpoint_reader=find_checkpoint_reader,
         )
         if self._device is None:
             self._device = devices[0] if devices else torch.device("cpu")

@@ -6,19 +6,13 @@ Importing this package is cheap (the registration module is imported while plugi
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from fabric_core.utilities.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from fabric_amp.precision import MixedPrecision
 
 __all__ = ["MixedPrecision"]
-__version__ = "0.1.0"
 
-
-def __getattr__(name: str) -> Any:
-    if name == "MixedPrecision":
-        value = importlib.import_module("fabric_amp.precision").MixedPrecision
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'fabric_amp' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, "fabric-amp", {"MixedPrecision": "fabric_amp.precision"})

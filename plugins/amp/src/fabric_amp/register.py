@@ -13,7 +13,7 @@ from fabric_core.hookspecs import hookimpl
 if TYPE_CHECKING:
     from fabric_core.registry import Registrar
 
-_TARGET = "fabric_amp.precision:MixedPrecision"
+_PRECISION = "fabric_amp.precision:MixedPrecision"
 
 
 def _legacy_warning(alias: str, canonical: str) -> str:
@@ -27,14 +27,14 @@ def _legacy_warning(alias: str, canonical: str) -> str:
 def fabric_register_precisions(registrar: Registrar) -> None:
     registrar.add(
         "16-mixed",
-        _TARGET,
+        _PRECISION,
         description="float32 weights, float16 autocast + loss scaling (bf16-mixed on CPU)",
         aliases={"16": _legacy_warning("16", "16-mixed")},
         precision="16-mixed",
     )
     registrar.add(
         "bf16-mixed",
-        _TARGET,
+        _PRECISION,
         description="float32 weights, bfloat16 autocast",
         aliases={"bf16": _legacy_warning("bf16", "bf16-mixed")},
         precision="bf16-mixed",

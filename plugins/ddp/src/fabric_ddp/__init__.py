@@ -1,23 +1,22 @@
 """fabric-ddp: ``strategy="ddp"`` and friends for fabric-core.
 
 Importing this package is cheap; the strategies live in :mod:`fabric_ddp.strategy` and are imported when a
-name is first resolved.
+name is first resolved or a class is touched here.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
-__all__ = ["DDPStrategy", "DataParallelStrategy"]
+from fabric_core.utilities.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from fabric_ddp.strategy import DataParallelStrategy, DDPStrategy
 
+__all__ = ["DDPStrategy", "DataParallelStrategy"]
 
-def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from fabric_ddp import strategy
-
-        return getattr(strategy, name)
-    raise AttributeError(f"module 'fabric_ddp' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    "fabric-ddp",
+    {"DDPStrategy": "fabric_ddp.strategy", "DataParallelStrategy": "fabric_ddp.strategy"},
+)

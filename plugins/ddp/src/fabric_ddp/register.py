@@ -12,46 +12,58 @@ from fabric_core.hookspecs import hookimpl
 if TYPE_CHECKING:
     from fabric_core.registry import Registrar, Registry
 
-_DDP = "fabric_ddp.strategy:DDPStrategy"
-_DP = "fabric_ddp.strategy:DataParallelStrategy"
+_STRATEGY = "fabric_ddp.strategy:DDPStrategy"
+_DP_STRATEGY = "fabric_ddp.strategy:DataParallelStrategy"
+DP_ON_CPU_WARNING = "'dp' is not supported on CPUs, hence setting `strategy='ddp'`."
 
 
 @hookimpl
 def fabric_register_strategies(registrar: Registrar) -> None:
     registrar.add(
-        "ddp", _DDP, description="DistributedDataParallel; re-runs the script for each extra local rank"
+        "ddp", _STRATEGY, description="DistributedDataParallel; re-runs the script for each extra local rank"
     )
     registrar.add(
         "ddp_spawn",
-        _DDP,
+        _STRATEGY,
         description="DistributedDataParallel; runs `launch(fn)` in spawned processes",
         start_method="spawn",
     )
     registrar.add(
         "ddp_fork",
-        _DDP,
+        _STRATEGY,
         description="DistributedDataParallel; runs `launch(fn)` in forked processes",
         start_method="fork",
     )
     registrar.add(
         "ddp_notebook",
-        _DDP,
+        _STRATEGY,
         description="DistributedDataParallel for notebooks (forked processes)",
         start_method="fork",
     )
     registrar.add(
         "ddp_find_unused_parameters_true",
-        _DDP,
+        _STRATEGY,
         description="ddp with find_unused_parameters=True (models whose forward skips parameters)",
         find_unused_parameters=True,
     )
     registrar.add(
         "ddp_find_unused_parameters_false",
-        _DDP,
+        _STRATEGY,
         description="ddp with find_unused_parameters=False",
         find_unused_parameters=False,
     )
-    registrar.add("dp", _DP, description="torch.nn.DataParallel over the GPUs of one process (ddp on CPU)")
+    registrar.add("dp", _DP_STRATEGY, description="torch.nn.DataParallel over the GPUs of one process (ddp on CPU)")
+
+
+@hookimpl
+def fabric_adjust_strategy(registry: Registry, strategy: str, accelerator: Any, num_devices: int, num_nodes: int) -> str | None:
+    """``dp`` on the CPU becomes ``ddp``: ``DataParallel`` splits batches over GPUs, and a CPU has none to split over."""
+    if strategy == "dp" and accelerator.device_type == "cpu":
+        from fabric_core.utilities.rank_zero import rank_zero_warn
+
+        rank_zero_warn(DP_ON_CPU_WARNING)
+        return "ddp"
+    return None
 
 
 @hookimpl
@@ -59,7 +71,7 @@ def fabric_auto_strategy(
     registry: Registry, accelerator: Any, num_devices: int, num_nodes: int, interactive: bool
 ) -> str | None:
     """More than one device or node on CPU/CUDA: DDP (forked processes in a notebook, where no script exists)."""
-    if getattr(accelerator, "device_type", None) not in ("cpu", "cuda"):
+    if accelerator.device_type not in ("cpu", "cuda"):
         return None
     if num_nodes > 1:
         return "ddp"

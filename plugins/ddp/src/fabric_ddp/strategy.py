@@ -16,7 +16,7 @@ from torch import Tensor
 from torch.nn import DataParallel, Module
 from torch.nn.parallel import DistributedDataParallel
 
-from fabric_core.strategies.base import BackwardSyncControl
+from fabric_core.strategies.base import BackwardSyncControl, Strategy
 from fabric_core.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
 from fabric_core.utilities import rank_zero
 
@@ -25,8 +25,6 @@ if TYPE_CHECKING:
     from fabric_core.environments.base import ClusterEnvironment
     from fabric_core.io.checkpoint_io import CheckpointIO
     from fabric_core.precision.base import Precision
-
-DP_ON_CPU_WARNING = "'dp' is not supported on CPUs, hence setting `strategy='ddp'`."
 
 
 def _reject_mps(accelerator: Accelerator) -> None:
@@ -90,9 +88,9 @@ class DDPStrategy(ParallelStrategy):
         self._ddp_kwargs = ddp_kwargs
         self._backward_sync = _DDPBackwardSyncControl()
 
-    def connect(self, *, accelerator: Accelerator, **kwargs: Any) -> None:
+    def attach(self, *, accelerator: Accelerator, **kwargs: Any) -> None:
         _reject_mps(accelerator)
-        super().connect(accelerator=accelerator, **kwargs)
+        super().attach(accelerator=accelerator, **kwargs)
 
     @property
     def ddp_kwargs(self) -> dict[str, Any]:
@@ -118,16 +116,13 @@ class DDPStrategy(ParallelStrategy):
         return f"DDPStrategy(devices={self.num_processes}, num_nodes={self.num_nodes}, start_method={self.start_method!r})"
 
 
-class DataParallelStrategy(ParallelStrategy):
+class DataParallelStrategy(Strategy):
     """One process drives several GPUs with ``torch.nn.DataParallel`` (splits each batch, gathers outputs).
 
     Kept for compatibility; DDP is faster. There is nothing to launch and no process group; the collectives
     are identities because there is only one process. On the CPU there are no devices to split over, so
-    ``strategy="dp"`` becomes DDP with a warning (see :meth:`connect`).
+    ``strategy="dp"`` becomes ``ddp`` with a warning (this plugin's ``fabric_adjust_strategy`` hook).
     """
-
-    launcher_name = None
-    requires_launch = False
 
     def __init__(
         self,
@@ -136,68 +131,24 @@ class DataParallelStrategy(ParallelStrategy):
         checkpoint_io: CheckpointIO | None = None,
         precision: Precision | None = None,
     ) -> None:
-        super().__init__(
-            accelerator=accelerator,
-            parallel_devices=parallel_devices,
-            checkpoint_io=checkpoint_io,
-            precision=precision,
-        )
-        self.launcher_name = None
+        super().__init__(accelerator=accelerator, checkpoint_io=checkpoint_io, precision=precision)
+        self.parallel_devices = parallel_devices
 
-    def connect(self, *, accelerator: Accelerator, **kwargs: Any) -> None:
+    def attach(self, *, accelerator: Accelerator, devices: list[torch.device], **kwargs: Any) -> None:
         _reject_mps(accelerator)
         if accelerator.device_type == "cpu":
-            # The registry builds a strategy before it knows the accelerator, so the CPU fallback happens here:
-            # this object turns into the DDP strategy it would have been with `strategy="ddp"`.
-            rank_zero.rank_zero_warn(DP_ON_CPU_WARNING)
-            self.__class__ = DDPStrategy
-            DDPStrategy.__init__(
-                self,  # type: ignore[arg-type]
-                accelerator=self._accelerator,
-                parallel_devices=self.parallel_devices,
-                checkpoint_io=self._checkpoint_io,
-                precision=self._precision,
+            raise ValueError(
+                "`DataParallelStrategy` splits batches over GPUs and cannot run on the CPU. Use"
+                " `Fabric(strategy='dp')` (which becomes 'ddp' on the CPU) or `strategy='ddp'`."
             )
-            DDPStrategy.connect(self, accelerator=accelerator, **kwargs)  # type: ignore[arg-type]
-            return
-        super().connect(accelerator=accelerator, **kwargs)
-
-    # One process: rank 0 of 1, whatever the cluster environment says.
-    @property
-    def global_rank(self) -> int:
-        return 0
-
-    @property
-    def local_rank(self) -> int:
-        return 0
-
-    @property
-    def node_rank(self) -> int:
-        return 0
-
-    @property
-    def world_size(self) -> int:
-        return 1
+        super().attach(accelerator=accelerator, devices=devices, **kwargs)
+        if self.parallel_devices is None:
+            self.parallel_devices = list(devices)
+        rank_zero.set_rank(0)
 
     @property
     def root_device(self) -> torch.device:
         return self.parallel_devices[0] if self.parallel_devices else torch.device("cpu")
-
-    @property
-    def distributed_sampler_kwargs(self) -> None:
-        return None  # every batch is split across the GPUs, so the data is not sharded
-
-    def set_world_ranks(self) -> None:
-        rank_zero.set_rank(0)
-
-    def setup_environment(self) -> None:
-        if self.accelerator is not None:
-            self.accelerator.setup_device(self.root_device)
-
-    def teardown(self) -> None:
-        if self.cluster_environment is not None:
-            self.cluster_environment.teardown()
-        super(ParallelStrategy, self).teardown()
 
     def setup_module(self, module: Module) -> DataParallel:
         device_ids = [d.index for d in self.parallel_devices or [] if d.type == "cuda"]
@@ -217,9 +168,6 @@ class DataParallelStrategy(ParallelStrategy):
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         return obj
-
-    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
-        return decision
 
     def __repr__(self) -> str:
         return f"DataParallelStrategy(devices={self.parallel_devices})"

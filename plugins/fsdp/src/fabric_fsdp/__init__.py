@@ -7,8 +7,9 @@ Imports are lazy so that discovering the plugin never pulls in ``torch.distribut
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from fabric_core.utilities.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from fabric_fsdp.checkpoint import load_sharded_checkpoint
@@ -16,23 +17,13 @@ if TYPE_CHECKING:
     from fabric_fsdp.strategy import FSDPStrategy
 
 __all__ = ["FSDPPrecision", "FSDPStrategy", "load_sharded_checkpoint"]
-__version__ = "0.1.0"
 
-_LAZY = {
-    "FSDPStrategy": "fabric_fsdp.strategy",
-    "FSDPPrecision": "fabric_fsdp.precision",
-    "load_sharded_checkpoint": "fabric_fsdp.checkpoint",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'fabric_fsdp' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    "fabric-fsdp",
+    {
+        "FSDPStrategy": "fabric_fsdp.strategy",
+        "FSDPPrecision": "fabric_fsdp.precision",
+        "load_sharded_checkpoint": "fabric_fsdp.checkpoint",
+    },
+)

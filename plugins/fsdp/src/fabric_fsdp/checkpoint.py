@@ -1,46 +1,44 @@
-"""The on-disk formats of FSDP checkpoints, and reading them without FSDP.
+"""FSDP checkpoints: saving and loading them from a strategy, and reading them without FSDP.
 
-A **sharded** checkpoint is a directory::
-
-    ckpt/
-      .metadata          torch.distributed.checkpoint (DCP) index of every tensor shard
-      __0_0.distcp ...   one data file per rank that wrote
-      meta.pt            torch.save of everything that is not the model or an optimizer (written by rank 0)
-
-Inside DCP, the model's state dict lives under the key the user gave it in ``fabric.save(path, {"model": ...})``
-and every optimizer under its own key, with the optimizer state keyed by *parameter name* (DCP's format),
-which is what makes a checkpoint loadable on a different number of ranks. ``meta.pt`` also holds a small
-record (:data:`FORMAT_KEY`) naming those keys.
-
-A **full** checkpoint is one ``torch.save`` file with ordinary state dicts (optimizer state keyed by parameter
-position, as ``Optimizer.state_dict()`` writes it), so any strategy can read it.
+The layouts are described in :mod:`fabric_fsdp.formats`. Everything that is not FSDP-specific comes from the
+core: the walk over the user's state (:mod:`fabric_core.io.state`), the single-file reader with its mmap
+fallback and the reader of other plugins' directories (:mod:`fabric_core.io.formats`), and the crash-safe
+multi-rank directory commit (:func:`fabric_core.io.commit.commit_directory`). What stays here is how an FSDP
+model and its optimizers become DCP shards or full state dicts and back.
 
 :func:`load_sharded_checkpoint` turns a sharded directory into the full layout in one process, with no
-process group; the core uses it through the ``fabric_checkpoint_loader`` hook (single device, DDP) and for
-``fabric consolidate``.
+process group; the core uses it through the ``fabric_select_checkpoint_reader`` hook (single device, DDP) and
+for ``fabric consolidate``.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.nn import Module
+from torch.optim import Optimizer
 
-#: DCP's index file, present in every DCP checkpoint directory.
-DCP_METADATA = ".metadata"
-#: Our file with the non-tensor part of the state; its presence is what marks a checkpoint as ours.
-META_FILE = "meta.pt"
-#: Key in ``meta.pt`` describing which DCP entries are the model and the optimizers.
-FORMAT_KEY = "__fabric_fsdp__"
-FORMAT_VERSION = 1
+from fabric_core.io.commit import check_replaceable, commit_directory
+from fabric_core.io.state import Filter, check_missing, restore_state, state_to_save
+from fabric_fsdp.formats import DCP_METADATA, FORMAT_KEY, FORMAT_VERSION, META_FILE, is_sharded_checkpoint
+from fabric_fsdp.sharding import grads_hidden, is_fsdp
 
+if TYPE_CHECKING:
+    from fabric_fsdp.strategy import FSDPStrategy
 
-def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
-    """True for a directory holding a DCP index and our ``meta.pt``."""
-    path = Path(path)
-    return path.is_dir() and (path / DCP_METADATA).is_file() and (path / META_FILE).is_file()
+__all__ = [
+    "find_model",
+    "load",
+    "load_sharded_checkpoint",
+    "optimizer_state_by_name",
+    "optimizer_state_by_position",
+    "read_meta",
+    "save_full",
+    "save_sharded",
+]
 
 
 def read_meta(path: str | os.PathLike, weights_only: bool | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -142,3 +140,188 @@ def load_sharded_checkpoint(
         tensors = move_data_to_device(tensors, torch.device(map_location))
     tensors.update(meta)
     return tensors
+
+
+# ---------------------------------------------------------------------------------------------------- strategy side
+def find_model(state: dict[str, Any], action: str) -> tuple[str | None, Module | None]:
+    """The one FSDP model in ``state`` (key and module), or ``(None, None)``; several are an error."""
+    found = [(k, v) for k, v in state.items() if isinstance(v, Module) and is_fsdp(v)]
+    if len(found) > 1:
+        raise ValueError(
+            f"Found {len(found)} FSDP models in the state to {action} ({', '.join(repr(k) for k, _ in found)})."
+            " An FSDP checkpoint holds exactly one sharded model: save each model in its own checkpoint."
+        )
+    return found[0] if found else (None, None)
+
+
+def save_full(
+    strategy: FSDPStrategy, path: Path, state: dict[str, Any], storage_options: Any, filter: Filter | None
+) -> None:
+    """One file written by rank 0: full (gathered) state dicts, optimizer state keyed by position."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    converted = strategy.convert_state(
+        state,
+        filter,
+        module_state=lambda m: get_model_state_dict(m, options=options) if is_fsdp(m) else m.state_dict(),
+        optimizer_state=lambda o: optimizer_state_by_position(get_optimizer_state_dict(strategy.owner(o), o, options=options)),
+    )
+    if strategy.is_global_zero:
+        strategy.checkpoint_io.save_checkpoint(converted, path, storage_options=storage_options)
+
+
+def save_sharded(strategy: FSDPStrategy, path: Path, model_key: str, model: Module, state: dict[str, Any]) -> None:
+    """A directory written by every rank in parallel (DCP shards plus ``meta.pt``), committed crash-safely."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    from fabric_core.io.checkpoint_io import atomic_save
+
+    check_replaceable(path, is_sharded_checkpoint, "an FSDP checkpoint")
+    shards: dict[str, Any] = {model_key: get_model_state_dict(model)}
+    optimizer_keys = []
+    rest: dict[str, Any] = {}
+    for key, obj in state.items():
+        if key == model_key:
+            continue
+        if isinstance(obj, Optimizer):
+            shards[key] = get_optimizer_state_dict(strategy.owner(obj), obj)
+            optimizer_keys.append(key)
+        else:
+            rest[key] = obj
+    meta = state_to_save(
+        rest,
+        module_state=lambda m: m.state_dict(),
+        optimizer_state=lambda o: o.state_dict(),
+        precision_state=strategy.precision.state_dict(),
+    )
+    meta[FORMAT_KEY] = {
+        "version": FORMAT_VERSION,
+        "module": model_key,
+        "optimizers": optimizer_keys,
+        "world_size": strategy.world_size,
+    }
+
+    def write(tmp: Path) -> None:
+        dcp.save(shards, checkpoint_id=tmp)
+        if strategy.is_global_zero:
+            atomic_save(meta, tmp / META_FILE)
+
+    commit_directory(path, write, strategy)
+
+
+def load(
+    strategy: FSDPStrategy,
+    path: Path,
+    state: Module | Optimizer | dict[str, Any] | None,
+    strict: bool,
+    weights_only: bool | None,
+) -> dict[str, Any]:
+    """Restore ``state`` in place: a sharded directory reshards on load (N ranks saved, M load); anything else
+    (a full file from any strategy, another plugin's directory through its reader) is read whole by every rank,
+    and each keeps its shard."""
+    if not path.exists():
+        raise FileNotFoundError(f"Checkpoint not found: {str(path)!r}")
+    if is_sharded_checkpoint(path):
+        return _load_sharded(strategy, path, state, strict, weights_only)
+    return restore_state(
+        state,
+        strategy.read_checkpoint(path, weights_only=weights_only),
+        strict=strict,
+        load_module=_load_model_full,
+        load_optimizer=lambda optimizer, value: _load_optimizer_full(strategy.owner(optimizer), optimizer, value),
+        load_precision=strategy.precision.load_state_dict,
+    )
+
+
+def _load_model_full(module: Module, state_dict: dict[str, Any], strict: bool) -> None:
+    if not is_fsdp(module):
+        module.load_state_dict(state_dict, strict=strict)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(module, state_dict, options=StateDictOptions(full_state_dict=True, strict=strict))
+
+
+def _load_optimizer_full(model: Module, optimizer: Optimizer, state: dict[str, Any]) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    names = {id(p): n for n, p in model.named_parameters()}
+    by_name = optimizer_state_by_name(state, optimizer, names)
+    with grads_hidden(optimizer):
+        set_optimizer_state_dict(model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
+
+
+def _load_sharded(
+    strategy: FSDPStrategy, path: Path, state: Any, strict: bool, weights_only: bool | None
+) -> dict[str, Any]:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    bare = isinstance(state, (Module, Optimizer))
+    if not bare and not state:
+        raise ValueError(
+            "Loading a sharded FSDP checkpoint needs the model to load into: pass it like"
+            " `fabric.load(path, {'model': model, 'optimizer': optimizer})`. To get a single file with"
+            f" everything instead, run `fabric consolidate {path}`."
+        )
+    meta, record = read_meta(path, weights_only=weights_only)
+    model_key: str = record["module"]
+    optimizer_keys: list[str] = list(record.get("optimizers", []))
+    if bare:  # a bare model or optimizer: match it to the saved one by kind
+        if isinstance(state, Optimizer) and len(optimizer_keys) != 1:
+            raise ValueError(
+                f"The checkpoint holds {len(optimizer_keys)} optimizers; pass a dict to say which one to load."
+            )
+        state = {model_key if isinstance(state, Module) else optimizer_keys[0]: state}
+
+    key, model = find_model(state, "load")
+    optimizers = {k: v for k, v in state.items() if isinstance(v, Optimizer) and k in optimizer_keys}
+    if model is None and optimizers:
+        model = strategy.owner(next(iter(optimizers.values())))
+    check_missing(state, {model_key, *optimizer_keys, *meta}, strict)
+    if key is not None and key != model_key:
+        raise KeyError(
+            f"The checkpoint stores its model under {model_key!r}, but the state passes the FSDP model under"
+            f" {key!r}. Use the same key as when saving."
+        )
+
+    shards: dict[str, Any] = {}
+    if key is not None:
+        shards[model_key] = get_model_state_dict(model)
+    for k, opt in optimizers.items():
+        with grads_hidden(opt):
+            shards[k] = get_optimizer_state_dict(model, opt)
+    if shards:
+        dcp.load(shards, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=not strict))
+    if key is not None:
+        set_model_state_dict(model, shards[model_key], options=StateDictOptions(strict=strict))
+    for k, opt in optimizers.items():
+        set_optimizer_state_dict(model, opt, shards[k])
+    if bare:
+        return {}
+    # Everything else was saved in meta.pt, as a single-file checkpoint would hold it.
+    rest = {k: v for k, v in state.items() if k not in shards}
+    remainder = restore_state(
+        rest,
+        meta,
+        strict=False,
+        load_module=lambda m, value, strict_: m.load_state_dict(value, strict=strict),
+        load_optimizer=lambda o, value: o.load_state_dict(value),
+        load_precision=strategy.precision.load_state_dict,
+    )
+    for k, v in rest.items():
+        state[k] = v
+    return remainder

@@ -57,10 +57,11 @@ def fabric_select_precision(registry: Registry, precision: str, strategy: Strate
 
 
 @hookimpl
-def fabric_checkpoint_loader(path: Path) -> Any:
+def fabric_select_checkpoint_reader(path: Path) -> Any:
     """Read a sharded FSDP checkpoint directory (DCP ``.metadata`` plus our ``meta.pt``) in one process."""
-    path = Path(path)
-    if not (path.is_dir() and (path / ".metadata").is_file() and (path / "meta.pt").is_file()):
+    from fabric_fsdp.formats import is_sharded_checkpoint
+
+    if not is_sharded_checkpoint(path):
         return None
     from fabric_fsdp.checkpoint import load_sharded_checkpoint
 

@@ -1,13 +1,22 @@
-"""Helpers for the fabric-ddp tests: run real multi-process jobs with a hard timeout and find leftovers.
+"""Running real multi-process jobs from tests, for every plugin: hard timeouts, nothing left behind.
 
-Every job starts in a new session. All processes it creates (launcher children, DataLoader workers) stay in that
-session, so "no orphans" is checked by looking for any live process of the session after the job ended, and a
-job that overruns its timeout is killed as a whole instead of hanging the test run.
+Two ways to start a job:
+
+* :func:`start_job` / :func:`run_job`: one command (``python script.py``, ``fabric run ...``) that leads its own
+  session; every process it creates (launcher children, DataLoader workers) stays in that session, so "no
+  orphans" is checked by looking for live processes of the session after the job ended, and a job that overruns
+  its timeout is killed as a whole instead of hanging the test run.
+* :func:`run_ranks`: ``world_size`` processes started externally with the variables a launcher exports, as
+  torchrun would; if one rank fails, the others are killed at once and the test fails with every rank's output.
+
+Every job starts from :func:`job_env`: this process's environment without launcher, cluster or Fabric
+variables, so a job never inherits the test runner's.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import signal
 import socket
@@ -18,8 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-SCRIPTS = Path(__file__).parent / "scripts"
 
 # Variables a launcher or cluster would set; a job must start without any of them.
 _LAUNCH_VARS = (
@@ -39,7 +46,7 @@ def job_env(**extra: str) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in _LAUNCH_VARS and not k.startswith(("FABRIC_", "TORCHELASTIC_", "PYTEST_", "SLURM_"))
+        if k not in _LAUNCH_VARS and not k.startswith(("FABRIC_", "TORCHELASTIC_", "PYTEST_", "SLURM_", "OMPI_", "PMI_"))
     }
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
@@ -47,7 +54,7 @@ def job_env(**extra: str) -> dict[str, str]:
 
 
 def fabric_command() -> list[str]:
-    """``fabric run`` as users type it (the console script), or the module form if the CLI is not wired."""
+    """``fabric run`` as users type it: the console script installed beside this interpreter."""
     script = Path(sys.executable).parent / "fabric"
     if script.exists() and importlib.util.find_spec("fabric_core.cli") is not None:
         return [str(script), "run"]
@@ -156,3 +163,67 @@ def run_job(
     code = job.wait(timeout)
     assert not job.leftovers(), f"processes left behind by {command}:\n{job.output()[-3000:]}"
     return job, code
+
+
+def _kill(processes: list[subprocess.Popen]) -> None:
+    for p in processes:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for p in processes:
+        p.wait()
+
+
+def _finish(processes: list[subprocess.Popen], logs: list[Path], timeout: float, what: str) -> list[str]:
+    deadline = time.monotonic() + timeout
+    failed = None
+    while True:
+        codes = [p.poll() for p in processes]
+        failed = next((i for i, c in enumerate(codes) if c not in (None, 0)), None)
+        if failed is not None or all(c == 0 for c in codes) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    timed_out = failed is None and not all(p.poll() == 0 for p in processes)
+    _kill(processes)
+    outputs = [log.read_text(errors="replace") for log in logs]
+    if failed is not None or timed_out:
+        reason = f"rank {failed} exited with {processes[failed].returncode}" if failed is not None else f"timeout {timeout}s"
+        dump = "\n".join(f"----- rank {i} -----\n{out[-6000:]}" for i, out in enumerate(outputs))
+        pytest.fail(f"{what} failed ({reason}):\n{dump}")
+    return outputs
+
+
+def run_ranks(script: Path, *args: str, world_size: int = 2, timeout: float = 120, tmp_path: Path) -> list[str]:
+    """Run ``script`` as ``world_size`` ranks started externally (as torchrun would: ``RANK``, ``LOCAL_RANK``,
+    ``WORLD_SIZE``, rendezvous on a free port); if one fails the others are killed. Returns each rank's output."""
+    port = str(free_port())
+    processes, logs = [], []
+    for rank in range(world_size):
+        env = job_env(
+            RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
+        )  # fmt: skip
+        log = tmp_path / f"{script.name}.{world_size}.rank{rank}.log"
+        with open(log, "w") as out:
+            processes.append(
+                subprocess.Popen([sys.executable, str(script), *args], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            )
+        logs.append(log)
+    return _finish(processes, logs, timeout, f"{script.name} on {world_size} ranks")
+
+
+def run_script(script: Path, *args: str, timeout: float = 120, tmp_path: Path) -> str:
+    """Run ``script`` as one plain process (it may launch more itself); fails the test if it fails."""
+    log = tmp_path / f"{script.name}.single.log"
+    env = job_env(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    with open(log, "w") as out:
+        process = subprocess.Popen(
+            [sys.executable, str(script), *args], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    return _finish([process], [log], timeout, script.name)[0]
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text())

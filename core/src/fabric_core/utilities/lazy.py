@@ -1,0 +1,42 @@
+"""The one ``__init__`` idiom of every plugin package: public names imported on first access (PEP 562).
+
+A plugin's package ``__init__`` is imported whenever its registration module is, that is by every ``Fabric()``
+and every ``fabric plugins``, so it must cost nothing: its classes (and ``torch.distributed`` or heavier
+frameworks behind them) are imported only when a user touches them, and ``__version__`` is read from the
+installed distribution's metadata only when asked for::
+
+    __getattr__, __dir__ = lazy_exports(__name__, "fabric-mything", {"MyStrategy": "fabric_mything.strategy"})
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+
+def lazy_exports(
+    package: str, distribution: str, names: Mapping[str, str]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """``(__getattr__, __dir__)`` for ``package``: ``names`` maps a public name to the module that defines it."""
+
+    def __getattr__(name: str) -> Any:
+        if name == "__version__":
+            from importlib.metadata import PackageNotFoundError, version
+
+            try:
+                value: Any = version(distribution)
+            except PackageNotFoundError:  # a source tree on sys.path that is not installed
+                value = "0+unknown"
+        elif name in names:
+            value = getattr(importlib.import_module(names[name]), name)
+        else:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        setattr(sys.modules[package], name, value)
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*vars(sys.modules[package]), *names, "__version__"})
+
+    return __getattr__, __dir__

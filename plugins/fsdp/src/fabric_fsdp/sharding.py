@@ -1,0 +1,252 @@
+"""Sharding a module with FSDP2, as free functions with explicit arguments (testable without a strategy).
+
+The strategy's ``setup_module`` is the recipe: :func:`apply_activation_checkpointing`, then :func:`shard`, then
+:func:`materialize` for a model built on the meta device. Optimizers created before sharding are pointed at
+the new parameters by :func:`rewire_optimizer`; gradients are clipped over every shard by :func:`clip_grad_norm`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+import weakref
+from collections.abc import Callable, Generator, Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.nn import Module, Parameter
+from torch.optim import Optimizer
+
+from fabric_core.utilities.rank_zero import rank_zero_warn
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+#: Modules sharded on their own when no ``auto_wrap_policy`` is given (the root is always sharded).
+DEFAULT_WRAP_CLASSES: tuple[type[Module], ...] = (torch.nn.TransformerEncoderLayer, torch.nn.TransformerDecoderLayer)
+
+ModulePolicy = Callable[[Module], bool] | Iterable[type[Module]] | None
+#: Parameters replaced by sharding: id(old parameter) -> (weak reference to it, the sharded parameter).
+Replacements = dict[int, tuple[weakref.ref, Parameter]]
+
+
+def as_policy(policy: ModulePolicy, name: str) -> Callable[[Module], bool] | None:
+    """A set of module classes or a predicate ``fn(module) -> bool`` becomes a predicate."""
+    if policy is None:
+        return None
+    if callable(policy) and not isinstance(policy, type):
+        return policy
+    classes = (policy,) if isinstance(policy, type) else tuple(policy)
+    bad = [c for c in classes if not (isinstance(c, type) and issubclass(c, Module))]
+    if bad:
+        raise TypeError(
+            f"`{name}` must be a set of `nn.Module` subclasses or a function `fn(module) -> bool`, got {bad[0]!r}."
+        )
+    return lambda module: isinstance(module, classes)
+
+
+def is_fsdp(module: Any) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
+
+
+def is_dtensor(tensor: Any) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(tensor, DTensor)
+
+
+def build_mesh(device_type: str, shape: tuple[int, ...], world_size: int) -> DeviceMesh:
+    """A ``(shard,)`` or ``(replicate, shard)`` mesh over the default process group."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    size = 1
+    for n in shape:
+        size *= n
+    if size != world_size:
+        raise ValueError(f"The device mesh {shape} has {size} ranks, but the job has {world_size} processes.")
+    names = ("shard",) if len(shape) == 1 else ("replicate", "shard")
+    return init_device_mesh(device_type, shape, mesh_dim_names=names)
+
+
+def apply_activation_checkpointing(module: Module, policy: Callable[[Module], bool] | None) -> None:
+    """Recompute the activations of the submodules ``policy`` selects in backward instead of storing them.
+
+    Parameter names do not change, so checkpoints stay compatible.
+    """
+    if policy is None:
+        return
+    from torch.distributed._composable import checkpoint
+
+    for sub in module.modules():
+        if policy(sub):
+            checkpoint(sub)
+
+
+def shard(
+    module: Module,
+    mesh: DeviceMesh,
+    wrap_policy: Callable[[Module], bool],
+    mp_policy: Callable[[bool], Any],
+    offload_policy: Any,
+    reshard_after_forward: bool | int | None,
+) -> tuple[list[Module], Replacements]:
+    """``fully_shard`` the units ``wrap_policy`` selects (children first), then the root.
+
+    ``mp_policy(root)`` gives each call its ``MixedPrecisionPolicy``. ``reshard_after_forward`` applies to the
+    units; the root follows torch's default (``None``: it keeps its parameters from forward to backward, since
+    backward starts with them and freeing them would add an all-gather to every step) unless resharding is off
+    everywhere. Returns the units and the parameters sharding replaced.
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    before = [(owner, name, p) for owner in module.modules() for name, p in owner._parameters.items() if p is not None]
+    options = {"mesh": mesh, "offload_policy": offload_policy}
+    units = []
+    # Children before parents: FSDP2 requires inner units to be sharded first.
+    for sub in reversed(list(module.modules())):
+        if sub is not module and not is_fsdp(sub) and wrap_policy(sub):
+            units.append(sub)
+            fully_shard(sub, mp_policy=mp_policy(False), reshard_after_forward=reshard_after_forward, **options)
+    root_reshard = False if reshard_after_forward is False else None
+    fully_shard(module, mp_policy=mp_policy(True), reshard_after_forward=root_reshard, **options)
+    replaced: Replacements = {}
+    for owner, name, old in before:
+        new = owner._parameters.get(name)
+        if new is not None and new is not old:
+            replaced[id(old)] = (weakref.ref(old), new)
+    return units, replaced
+
+
+def _reset_function(module: Module) -> Callable[[], None] | None:
+    """``reset_parameters``, or torch's private ``_reset_parameters`` (``nn.MultiheadAttention`` has only that)."""
+    for name in ("reset_parameters", "_reset_parameters"):
+        fn = getattr(module, name, None)
+        if callable(fn):
+            return fn
+    return None
+
+
+def _mesh_has_distributed_rng(mesh: DeviceMesh) -> bool:
+    """Whether DTensor's offset-based RNG works on this mesh (CUDA-like devices), so shards differ by design."""
+    if mesh.device_type == "cpu":
+        return False
+    return hasattr(getattr(torch, mesh.device_type, None), "set_rng_state")
+
+
+def _shard_coordinate(mesh: DeviceMesh) -> int:
+    """This rank's index along the sharding dimension (replicas of the same shard share it)."""
+    return mesh.get_local_rank() if mesh.ndim == 1 else mesh.get_local_rank("shard")
+
+
+def materialize(module: Module, device: torch.device, mesh: DeviceMesh, seed: int) -> None:
+    """Allocate the local shards of meta parameters and initialise them with ``reset_parameters()``.
+
+    Only ``1/N`` of each parameter is ever allocated on a rank. Modules are reset children first, like
+    construction would (a parent's initialisation of its children wins). Where DTensor has no distributed RNG
+    (CPU), every rank would draw the same numbers for its shard, so each shard (not each replica) is drawn from
+    ``seed`` plus its coordinate; ``seed`` must be the same on every rank. Buffers are not sharded: rank 0's are
+    broadcast.
+    """
+    module.to_empty(device=device)
+    modules = list(module.named_modules())
+    resettable = {name for name, m in modules if _reset_function(m) is not None}
+    uncovered = [
+        name or type(module).__name__
+        for name, m in modules
+        if (m._parameters or m._buffers) and not any(r == name or r == "" or name.startswith(r + ".") for r in resettable)
+    ]
+    if uncovered:
+        rank_zero_warn(
+            "The model was created on the meta device (`init_module(empty_init=True)`), and these submodules"
+            f" have no `reset_parameters()` to initialise them: {uncovered[:5]}. Their weights are"
+            " uninitialised memory until you load a checkpoint."
+        )
+    with contextlib.ExitStack() as stack:
+        if not _mesh_has_distributed_rng(mesh):
+            stack.enter_context(torch.random.fork_rng(devices=[]))
+            torch.manual_seed(seed + _shard_coordinate(mesh))
+        stack.enter_context(torch.no_grad())
+        stack.enter_context(warnings.catch_warnings())
+        warnings.filterwarnings("ignore", message=".*DTensor random operators.*")
+        for _, sub in reversed(modules):
+            reset = _reset_function(sub)
+            if reset is not None:
+                reset()
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        for buffer in module.buffers():
+            dist.broadcast(buffer.data, src=0)
+
+
+def rewire_optimizer(optimizer: Optimizer, replaced: Replacements) -> None:
+    """Point ``optimizer`` at the sharded parameters that replaced the ones it was built over, in place."""
+    for group in optimizer.param_groups:
+        params = group["params"]
+        for i, p in enumerate(params):
+            entry = replaced.get(id(p))
+            if entry is not None and entry[0]() is p:
+                if p in optimizer.state and optimizer.state[p]:
+                    raise RuntimeError(
+                        "The optimizer already has state for the model's unsharded parameters (it has taken a"
+                        " step). Create the optimizer fresh, after `fabric.setup_module(model)`, and set it up"
+                        " with `fabric.setup_optimizers(optimizer)`."
+                    )
+                params[i] = entry[1]  # in place: optimizers such as LBFGS keep a reference to this list
+    if not any(is_dtensor(p) for group in optimizer.param_groups for p in group["params"]):
+        raise ValueError(
+            "The optimizer does not reference any parameter of a model set up with the FSDP strategy. Set up"
+            " the model first (`model = fabric.setup_module(model)`), create the optimizer from"
+            " `model.parameters()`, then call `fabric.setup_optimizers(optimizer)`."
+        )
+
+
+def clip_grad_norm(params: list[Tensor], max_norm: float, norm_type: float, error_if_nonfinite: bool) -> Tensor:
+    """Clip by the norm over every shard on every rank (also when some gradients are plain tensors)."""
+    sharded = [p for p in params if is_dtensor(p.grad)]
+    if len(sharded) == len(params):
+        total = torch.nn.utils.clip_grad_norm_(
+            params, max_norm=max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite
+        )
+        return total.full_tensor() if is_dtensor(total) else total
+    plain = [p for p in params if not is_dtensor(p.grad)]
+    norms = []
+    for group in (sharded, plain):
+        if group:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in group], norm_type=norm_type)
+            norms.append(norm.full_tensor() if is_dtensor(norm) else norm)
+    if not norms:
+        return torch.tensor(0.0)
+    stacked = torch.stack([n.float().cpu() for n in norms])
+    total = stacked.max() if norm_type == float("inf") else torch.linalg.vector_norm(stacked, norm_type)
+    if error_if_nonfinite and not torch.isfinite(total):
+        raise RuntimeError(
+            f"The total norm of order {norm_type} for gradients is non-finite, so it cannot be clipped. To disable"
+            " this error and scale the gradients by the non-finite norm anyway, set `error_if_nonfinite=False`."
+        )
+    coefficient = min(1.0, max_norm / (float(total) + 1e-6))
+    with torch.no_grad():
+        for p in params:
+            p.grad.mul_(coefficient)
+    return total
+
+
+@contextlib.contextmanager
+def grads_hidden(optimizer: Optimizer) -> Generator[None, None, None]:
+    """Let torch create a fresh optimizer's state (it needs it as a template to load into).
+
+    torch initialises it with a zero-learning-rate step, but silently skips that when any gradient exists,
+    and the state would then not be restored. So gradients are set aside meanwhile and put back after.
+    """
+    stashed = []
+    if not optimizer.state:
+        stashed = [(p, p.grad) for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        for p, _ in stashed:
+            p.grad = None
+    try:
+        yield
+    finally:
+        for p, grad in stashed:
+            p.grad = grad

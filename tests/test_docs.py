@@ -1,0 +1,60 @@
+"""Docs that must match the code (datasette-style meta-tests): plugin name tables, environment variables."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from fabric_core.registry import build_registry
+
+REPO = Path(__file__).resolve().parents[1]
+PLUGINS = sorted(p for p in (REPO / "plugins").iterdir() if (p / "pyproject.toml").is_file())
+KIND_OF_COLUMN = {"strategy": "strategy", "precision": "precision", "accelerator": "accelerator"}
+
+
+def _distribution(plugin_dir: Path) -> str:
+    return re.search(r'^name\s*=\s*"([^"]+)"', (plugin_dir / "pyproject.toml").read_text(), re.M).group(1)
+
+
+def _documented_names(readme: str) -> dict[str, set[str]]:
+    """Names in the tables of the README's "## Names" section, by kind (from the header `Fabric(kind=...)`)."""
+    section = readme.split("## Names", 1)[1].split("\n## ", 1)[0]
+    names: dict[str, set[str]] = {}
+    kind = None
+    for line in section.splitlines():
+        header = re.match(r"\|\s*`Fabric\((\w+)=\.\.\.\)`", line)
+        if header:
+            kind = header.group(1)
+            continue
+        if kind and line.startswith("| `"):
+            first_cell = line.split("|")[1]
+            names.setdefault(kind, set()).update(re.findall(r"`([^`]+)`", first_cell))
+    return names
+
+
+@pytest.mark.parametrize("plugin_dir", PLUGINS, ids=[p.name for p in PLUGINS])
+def test_every_name_in_a_plugin_readme_is_registered_and_the_reverse(plugin_dir):
+    registry = build_registry()
+    distribution = _distribution(plugin_dir)
+    documented = _documented_names((plugin_dir / "README.md").read_text())
+    assert documented, f"{plugin_dir}/README.md needs a '## Names' table"
+    for kind in ("accelerator", "strategy", "precision", "launcher", "environment"):
+        registered = {e.name for e in registry.entries(kind) if e.distribution == distribution}
+        assert documented.get(kind, set()) == registered, f"{distribution} {kind} names: README vs registry"
+
+
+def _fabric_variables_in_code() -> set[str]:
+    found: set[str] = set()
+    for root in (REPO / "core" / "src", REPO / "plugins"):
+        for path in root.rglob("*.py"):
+            found.update(re.findall(r"\bFABRIC_[A-Z][A-Z_]*[A-Z]\b", path.read_text()))
+    return found
+
+
+def test_every_fabric_variable_read_in_code_is_documented_and_the_reverse():
+    documented = set(re.findall(r"`(FABRIC_[A-Z_]+)`", (REPO / "docs" / "environment-variables.md").read_text()))
+    in_code = _fabric_variables_in_code()
+    assert in_code - documented == set(), "document these in docs/environment-variables.md"
+    assert documented - in_code == set(), "documented but never read"
