@@ -8,7 +8,7 @@ DISTS := core plugins/ddp plugins/amp plugins/fsdp
 STAMP := $(VENV)/.installed
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test stress lint bench clean
 
 $(STAMP): requirements-dev.txt $(foreach d,$(DISTS),$(d)/pyproject.toml) Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q
+
+# Repeats short successful 2-process jobs (ddp script, ddp launch(fn), ddp_spawn, fsdp) with a busy process beside
+# them and counts non-zero exits: a run whose work succeeded must exit 0 every time. STRESS_ARGS="--runs 20" for less.
+STRESS_ARGS ?= --runs 200
+stress: $(STAMP)
+	$(BIN)/python tests/stress/stress_exit.py $(STRESS_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check core plugins tests examples benchmarks

@@ -260,10 +260,18 @@ def test_plain_malformed_int_names_variable(monkeypatch):
         PlainEnvironment().local_rank()
 
 
-def test_plain_teardown_removes_world_size(monkeypatch):
-    _setenv(monkeypatch, WORLD_SIZE=2)
-    PlainEnvironment().teardown()
-    assert "WORLD_SIZE" not in os.environ
+def test_launcher_teardown_puts_back_what_it_exported(monkeypatch):
+    """The parent exports the job's variables for itself; tearing the strategy down restores the old ones."""
+    from fabric_core.launchers.subprocess_script import SubprocessScriptLauncher
+    from fabric_core.strategies import ParallelStrategy
+
+    _setenv(monkeypatch, WORLD_SIZE=7)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    launcher = SubprocessScriptLauncher(ParallelStrategy())
+    launcher._export({"WORLD_SIZE": "2", "LOCAL_RANK": "0"}, ("WORLD_SIZE", "LOCAL_RANK"))
+    assert (os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"]) == ("2", "0")
+    launcher.teardown()
+    assert os.environ["WORLD_SIZE"] == "7" and "LOCAL_RANK" not in os.environ
 
 
 # ---------------------------------------------------------------------------------------------- torchelastic
@@ -713,3 +721,55 @@ def test_reading_an_environment_never_writes_os_environ(monkeypatch, tmp_path, c
         _exercise(env)
         env.validate_settings(num_devices=env.world_size(), num_nodes=1)
     assert dict(os.environ) == before
+
+
+# ------------------------------------------------------------------------------------------------ stray variables
+STRAY = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture
+def no_launcher_variables(monkeypatch):
+    for var in STRAY:
+        monkeypatch.delenv(var, raising=False)
+    for var in [v for v in os.environ if v.startswith(("SLURM_", "TORCHELASTIC_", "OMPI_", "PMI_", "LSB_", "FABRIC_"))]:
+        monkeypatch.delenv(var, raising=False)
+    return monkeypatch
+
+
+def _parallel_fabric(devices=2, num_nodes=1):
+    from fabric_core import Fabric
+    from fabric_core.strategies import ParallelStrategy
+
+    return Fabric(accelerator="cpu", strategy=ParallelStrategy(), devices=devices, num_nodes=num_nodes)
+
+
+@pytest.mark.parametrize(
+    ("variables", "match"),
+    [
+        ({"LOCAL_RANK": "1"}, r"`LOCAL_RANK=1` is set .* but `RANK` and `WORLD_SIZE` are not set"),
+        ({"LOCAL_RANK": "1", "WORLD_SIZE": "2"}, r"`LOCAL_RANK=1` is set .* but `RANK` is not set"),
+        ({"WORLD_SIZE": "4", "RANK": "0"}, r"`WORLD_SIZE=4` is set in the environment, but `LOCAL_RANK` is not"),
+        ({"RANK": "1"}, r"`RANK=1` is set in the environment, but `LOCAL_RANK` is not"),
+        ({"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "4"}, r"`WORLD_SIZE=4` is set .* runs 2 processes"),
+        ({"LOCAL_RANK": "0", "RANK": "5", "WORLD_SIZE": "2"}, r"`RANK=5` .* between 0 and 1"),
+        ({"LOCAL_RANK": "3", "RANK": "1", "WORLD_SIZE": "2"}, r"`LOCAL_RANK=3` .* between 0 and 1"),
+    ],
+    ids=["local-rank-alone", "no-rank", "world-without-local", "rank-without-local", "world-mismatch", "rank-range", "local-range"],
+)
+def test_stray_rank_variables_are_refused_by_name(no_launcher_variables, variables, match):
+    for key, value in variables.items():
+        no_launcher_variables.setenv(key, value)
+    with pytest.raises(ValueError, match=match):
+        _parallel_fabric(devices=2)
+
+
+def test_a_complete_consistent_set_of_launcher_variables_is_accepted(no_launcher_variables):
+    for key, value in {"LOCAL_RANK": "1", "RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1234"}.items():
+        no_launcher_variables.setenv(key, value)
+    fabric = _parallel_fabric(devices=2)
+    assert (fabric.global_rank, fabric.local_rank, fabric.world_size) == (1, 1, 2)
+    assert fabric.strategy.launcher is None  # the processes exist already
+    # Our own launcher's value left in the parent (same world size) is not a contradiction either.
+    no_launcher_variables.delenv("LOCAL_RANK")
+    no_launcher_variables.delenv("RANK")
+    assert _parallel_fabric(devices=2).world_size == 2

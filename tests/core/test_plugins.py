@@ -103,10 +103,11 @@ class CountingCPUAccelerator(CPUAccelerator):
 
 
 class RecordingStrategy(SingleDeviceStrategy):
-    """Keeps the cluster environment it is connected with (the single-device strategy does not need one)."""
+    """Keeps the cluster environment it is attached with (the single-device strategy does not need one), and
+    accepts any number of devices (it computes on the first), so it can stand in for a multi-device answer."""
 
-    def attach(self, *, cluster_environment: Any = None, **kwargs: Any) -> None:
-        super().attach(cluster_environment=cluster_environment, **kwargs)
+    def attach(self, *, cluster_environment: Any = None, devices: Any = (), **kwargs: Any) -> None:
+        super().attach(cluster_environment=cluster_environment, devices=list(devices)[:1], **kwargs)
         self.cluster_environment = cluster_environment
 
 
@@ -715,7 +716,8 @@ PARALLEL_EXAMPLE = textwrap.dedent(
     fabric = Fabric(accelerator="cpu", strategy="averaging", devices=2)
     fabric.launch()
     torch.manual_seed(0)
-    model, optimizer = fabric.setup(torch.nn.Linear(4, 1), torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1))
+    module = torch.nn.Linear(4, 1)
+    model, optimizer = fabric.setup(module, torch.optim.SGD(module.parameters(), lr=0.1))
     x = torch.full((2, 4), float(fabric.global_rank + 1))
     fabric.backward(model(x).sum())
     total = fabric.all_reduce(torch.tensor(float(fabric.global_rank)), reduce_op="sum")
@@ -770,7 +772,8 @@ STRICT_CODE = textwrap.dedent(
         warnings.simplefilter("always")
         from fabric_core import Fabric
         fabric = Fabric(devices=1)  # auto accelerator, auto strategy, environment, precision, launcher: all raise
-        model, optimizer = fabric.setup(torch.nn.Linear(2, 1), torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1))
+        module = torch.nn.Linear(2, 1)
+        model, optimizer = fabric.setup(module, torch.optim.SGD(module.parameters(), lr=0.1))
         folder = Path(tempfile.mkdtemp())
         try:
             fabric.load(folder, {"model": model})

@@ -187,7 +187,8 @@ def test_assigned_optimizer_methods_stay_on_the_wrapper():
 
 def test_plain_paths_are_chosen_only_for_plain_precisions():
     fabric = Fabric()
-    model, optimizer = fabric.setup(nn.Linear(2, 1), torch.optim.SGD(nn.Linear(2, 1).parameters(), lr=0.1))
+    module = nn.Linear(2, 1)
+    model, optimizer = fabric.setup(module, torch.optim.SGD(module.parameters(), lr=0.1))
     precision = fabric.strategy.precision
     assert model._plain_precision is precision
     double = Fabric(precision="64-true")
@@ -229,7 +230,8 @@ def test_instance_patched_precision_and_strategy_take_the_full_path():
     original_step = strategy.optimizer_step
     strategy.optimizer_step = lambda opt, **kw: seen.append("optimizer_step") or original_step(opt, **kw)  # type: ignore[method-assign]
     fabric = Fabric(strategy=strategy)
-    model, optimizer = fabric.setup(nn.Linear(2, 1), torch.optim.SGD(nn.Linear(2, 1).parameters(), lr=0.1))
+    module = nn.Linear(2, 1)
+    model, optimizer = fabric.setup(module, torch.optim.SGD(module.parameters(), lr=0.1))
     model(torch.ones(1, 2))
     optimizer.step()
     assert seen == ["convert_output", "optimizer_step"]

@@ -442,6 +442,7 @@ def test_unwrap_objects_recurses():
 def test_environment_untouched_by_wrappers():
     before = dict(os.environ)
     fabric = Fabric()
-    model, optimizer = fabric.setup(nn.Linear(1, 1), torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1))
+    module = nn.Linear(1, 1)
+    model, optimizer = fabric.setup(module, torch.optim.SGD(module.parameters(), lr=0.1))
     list(fabric.setup_dataloaders(DataLoader(list(range(2)))))
     assert dict(os.environ) == before

@@ -85,8 +85,8 @@ class Fabric:
         self._accelerator = resolved.accelerator
         self._strategy = resolved.strategy
         self._precision = resolved.precision
-        self._callbacks: list[Any] = [] if callbacks is None else list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
-        self._loggers: list[Logger] = [] if loggers is None else list(loggers) if isinstance(loggers, (list, tuple)) else [loggers]
+        self._callbacks: list[Any] = _as_list(callbacks, "callbacks", _callback_complaint)
+        self._loggers: list[Logger] = _as_list(loggers, "loggers", _logger_complaint)
         self._models_setup = 0
         self._launched = False
         # `backward`'s decision, per precision object: the one it was made for, and that object again when
@@ -185,6 +185,11 @@ class Fabric:
         return self._wrap_and_launch(function, self, *args, **kwargs)
 
     def _wrap_and_launch(self, to_run: Callable, *args: Any, **kwargs: Any) -> Any:
+        if self._launched:
+            raise RuntimeError(
+                "`fabric.launch()` was already called for this Fabric object: the processes exist already. Call it"
+                " once, at the start; to run more code in every process, call your function directly."
+            )
         self._launched = True
         to_run = partial(self._wrap_with_setup, to_run)
         launcher = self._strategy.launcher
@@ -205,6 +210,18 @@ class Fabric:
                 "To use Fabric with more than one device, you must call `.launch()` or use the CLI:"
                 " `fabric run --help`."
             )
+
+    def teardown(self) -> None:
+        """End the run early and cleanly: finalize the loggers and release what the strategy set up.
+
+        Destroys the process group this Fabric created (every rank should call it, after its last collective),
+        and lets the precision, accelerator and checkpoint I/O release what they hold. Not needed at the end of
+        a script: the process group is released at interpreter exit anyway. Calling it twice is harmless;
+        collectives after it raise.
+        """
+        for logger in self._loggers:
+            logger.finalize("success")
+        self._strategy.teardown()
 
     # ------------------------------------------------------------------------------------------------ setup
     def setup(
@@ -261,6 +278,7 @@ class Fabric:
             raise ValueError("`setup_optimizers` requires at least one optimizer as input.")
         if any(isinstance(o, FabricOptimizer) for o in optimizers):
             raise ValueError("An optimizer should be passed only once to the `setup_optimizers` method.")
+        _check_optimizers(optimizers, "fabric.setup_optimizers")
         self._check_meta_params(optimizers, joint=False)
         wrapped = tuple(FabricOptimizer(self._strategy.setup_optimizer(o), self._strategy, self._callbacks) for o in optimizers)
         return wrapped[0] if len(wrapped) == 1 else wrapped
@@ -298,10 +316,25 @@ class Fabric:
     def _validate_setup(self, module: Module, optimizers: Iterable[Optimizer], method: str) -> None:
         if isinstance(module, FabricModule) or is_wrapped(module):
             raise ValueError(f"A model should be passed only once to the `{method}` method.")
+        if not isinstance(module, Module):
+            raise TypeError(
+                f"`fabric.{method}` expects a `torch.nn.Module` as its first argument, got {type(module).__name__}."
+                " Call it like `model, optimizer = fabric.setup(model, optimizer)`."
+            )
         if any(isinstance(o, FabricOptimizer) for o in optimizers):
             raise ValueError(f"An optimizer should be passed only once to the `{method}` method.")
+        _check_optimizers(optimizers, f"fabric.{method}")
         if optimizers:
             self._check_meta_params(optimizers, joint=True)
+            params = {id(p) for p in module.parameters()}
+            for index, optimizer in enumerate(optimizers):
+                own = [p for group in optimizer.param_groups for p in group["params"]]
+                if own and params and not any(id(p) in params for p in own):
+                    raise ValueError(
+                        f"Optimizer {index} passed to `fabric.{method}` updates none of the model's parameters, so the"
+                        " model would never train. Create it from this model: `torch.optim.AdamW(model.parameters())`,"
+                        " then `model, optimizer = fabric.setup(model, optimizer)`."
+                    )
 
     def _check_meta_params(self, optimizers: Iterable[Optimizer], joint: bool) -> None:
         for optimizer in optimizers:
@@ -485,16 +518,25 @@ class Fabric:
     def rank_zero_first(self, local: bool = False) -> Generator[None, None, None]:
         """Run the block on rank 0 first (e.g. a download), then on all others."""
         rank = self.local_rank if local else self.global_rank
+        # The others may wait much longer than the collective timeout (a download): no time limit for them. If rank
+        # 0 fails instead, its process ends, its connections close, and the others fail at once.
+        self._strategy.prepare_barrier_without_timeout()
         if rank > 0:
-            self._strategy.barrier("rank_zero_first:before")
+            self._strategy.barrier_without_timeout("rank_zero_first:before")
         yield
         if rank == 0:
-            self._strategy.barrier("rank_zero_first:before")
+            self._strategy.barrier_without_timeout("rank_zero_first:before")
         self._strategy.barrier("rank_zero_first:after")
 
     # ------------------------------------------------------------------------------------------------ checkpoints
     def save(self, path: str | Path, state: dict[str, Any], filter: dict[str, Callable[[str, Any], bool]] | None = None) -> None:
         """Save ``state`` (models, optimizers, anything with ``state_dict``, plain values) crash-safely."""
+        if not isinstance(state, Mapping):
+            raise TypeError(
+                f"`fabric.save(path, state)` expects `state` to be a dict of what to save, got a"
+                f" {type(state).__name__}. Name each object: `fabric.save(path, {{'model': model, 'optimizer':"
+                " optimizer, 'step': step}})`."
+            )
         if filter is not None:
             if not isinstance(filter, dict):
                 raise TypeError(f"Filter should be a dictionary, given {filter!r}")
@@ -505,6 +547,7 @@ class Fabric:
                 if not callable(fn):
                     raise TypeError(f"Expected `fabric.save(filter=...)` for key {key!r} to be a callable, given {fn!r}")
         self._validate_launched()
+        _refuse_url(path, "save")
         self._strategy.save_checkpoint(path=path, state=unwrap_objects(state), filter=filter)
         self._strategy.barrier()
 
@@ -517,6 +560,13 @@ class Fabric:
         checkpoint that holds arbitrary Python objects.
         """
         self._validate_launched()
+        _refuse_url(path, "load")
+        if state is not None and not isinstance(state, Mapping):
+            raise TypeError(
+                f"`fabric.load(path, state)` expects `state` to be a dict of the objects to restore, got a"
+                f" {type(state).__name__}. Use `fabric.load(path, {{'model': model, ...}})`, or"
+                " `fabric.load_raw(path, model)` for a file that holds a plain state dict."
+            )
         unwrapped = unwrap_objects(state) if state is not None else None
         remainder = self._strategy.load_checkpoint(path=path, state=unwrapped, strict=strict, weights_only=weights_only)
         self._strategy.barrier()
@@ -528,6 +578,7 @@ class Fabric:
 
     def load_raw(self, path: str | Path, obj: Module | Optimizer, strict: bool = True, *, weights_only: bool | None = None) -> None:
         """Load a plain PyTorch checkpoint (a state dict) into a module or optimizer."""
+        _refuse_url(path, "load_raw")
         obj = unwrap_objects(obj)
         if isinstance(obj, Module):
             obj = self._strategy.unwrap_module(obj)
@@ -578,3 +629,50 @@ def _filter_kwargs(fn: Callable, kwargs: dict[str, Any]) -> dict[str, Any]:
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return kwargs
     return {k: v for k, v in kwargs.items() if k in params}
+
+
+def _check_optimizers(optimizers: Iterable[Any], where: str) -> None:
+    for index, optimizer in enumerate(optimizers):
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(
+                f"`{where}` expects `torch.optim.Optimizer` objects after the model, but argument {index + 1} is a"
+                f" {type(optimizer).__name__}. A learning-rate scheduler goes to `scheduler=`; other objects are not"
+                " set up."
+            )
+
+
+def _as_list(value: Any, kind: str, check: Callable[[Any], str | None]) -> list[Any]:
+    """``None``, one object or a list/tuple of them, each checked (``check`` returns a complaint or ``None``)."""
+    items = [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
+    for item in items:
+        complaint = check(item)
+        if complaint:
+            raise TypeError(f"`Fabric({kind}=...)` got {item!r}: {complaint}")
+    return items
+
+
+def _logger_complaint(item: Any) -> str | None:
+    if isinstance(item, Logger):
+        return None
+    if isinstance(item, type) and issubclass(item, Logger):
+        return f"pass an instance, e.g. `{item.__name__}(root_dir=...)`, not the class."
+    return "a logger must be a `fabric_core.loggers.Logger` (such as `CSVLogger` or `TensorBoardLogger`)."
+
+
+def _callback_complaint(item: Any) -> str | None:
+    if isinstance(item, type):
+        return f"pass an instance, e.g. `{item.__name__}()`, not the class."
+    if isinstance(item, (str, bytes, int, float, bool, dict)) or item is None:
+        return "a callback is an object whose methods `fabric.call(name, ...)` invokes by name."
+    return None
+
+
+def _refuse_url(path: Any, method: str) -> None:
+    """A URL would otherwise be taken as a relative local path (``s3:`` becomes a folder): refuse it clearly."""
+    text = str(path)
+    scheme, sep, _ = text.partition("://")
+    if sep and scheme and scheme.replace("+", "").replace("-", "").isalnum():
+        raise ValueError(
+            f"`fabric.{method}({text!r}, ...)`: remote storage URLs ({scheme}://) are not supported; only local"
+            " paths are. Save to a local path and copy the file, or mount the storage as a local folder."
+        )

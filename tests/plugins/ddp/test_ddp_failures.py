@@ -120,3 +120,50 @@ def test_children_die_with_a_killed_parent(tmp_path: Path):
     job.wait(PROMPT)
     assert wait_until(lambda: not is_alive(child), PROMPT), "local rank 1 outlived its killed parent"
     assert not job.leftovers()
+
+
+@pytest.mark.parametrize(("mode", "code"), [("child_exits_hard", 7), ("child_killed", 128 + signal.SIGKILL)])
+def test_a_rank_that_dies_hard_is_named_and_its_code_is_the_jobs(tmp_path: Path, mode: str, code: int):
+    """Rank 0 fails in its collective because rank 1 died: the report names rank 1 and the job exits with its code."""
+    got, latency, output, leftovers = _run_failing([sys.executable, CRASH, mode, tmp_path], tmp_path)
+    assert got == code, output[-4000:]
+    assert latency < PROMPT
+    assert f"Local rank 1 (pid {_pids(tmp_path)[1]}) exited with code {code}" in output
+    assert not leftovers
+
+
+def test_sigint_to_the_caller_of_a_spawn_job_ends_it(tmp_path: Path):
+    job = start_job([sys.executable, CRASH, "spawn_stuck", tmp_path], tmp_path / "log.txt")
+    ready = wait_until(lambda: (tmp_path / "ready0").exists() and (tmp_path / "ready1").exists(), START_TIMEOUT)
+    assert ready, job.output()[-4000:]
+    time.sleep(0.3)
+    job.process.send_signal(signal.SIGINT)  # to the caller only, as `kill -INT` does
+    code = job.wait(PROMPT)
+    assert code != 0 and "KeyboardInterrupt" in job.output(), job.output()[-4000:]
+    assert not job.leftovers()
+    assert not any(is_alive(pid) for pid in _pids(tmp_path))
+
+
+def test_rank_zero_first_waits_longer_than_the_collective_timeout(tmp_path: Path):
+    from jobs import job_env
+
+    job = start_job([sys.executable, CRASH, "zero_first_slow", tmp_path], tmp_path / "log.txt", env=job_env(FABRIC_TIMEOUT="2"))
+    assert job.wait(START_TIMEOUT) == 0, job.output()[-4000:]
+    assert (tmp_path / "done0").exists() and (tmp_path / "done1").exists()
+    assert not job.leftovers()
+
+
+def test_rank_zero_first_failure_of_rank_zero_ends_the_job_promptly(tmp_path: Path):
+    code, latency, output, leftovers = _run_failing([sys.executable, CRASH, "zero_first_fails", tmp_path], tmp_path)
+    assert code != 0 and "rank 0 fails inside rank_zero_first on purpose" in output, output[-4000:]
+    assert latency < PROMPT
+    assert not leftovers
+
+
+def test_mismatched_collectives_are_refused_on_every_rank(tmp_path: Path):
+    job = start_job([sys.executable, CRASH, "mismatched", tmp_path], tmp_path / "log.txt")
+    assert job.wait(START_TIMEOUT) == 0, job.output()[-4000:]
+    for rank in (0, 1):
+        errors = (tmp_path / f"errors{rank}").read_text()
+        assert "`all_reduce` needs a tensor of the same shape on every rank, got rank 0: (2,), rank 1: (3,)" in errors
+        assert "`broadcast(src=5)`: `src` must be a rank between 0 and 1" in errors

@@ -359,3 +359,32 @@ def test_optimizer_state_key_conversion_round_trips() -> None:
     assert json.dumps([g["params"] for g in optimizer_state_by_position(by_name)["param_groups"]]) == "[[0, 1], [2, 3]]"
     with pytest.raises(ValueError, match="same parameters"):
         optimizer_state_by_name(native, torch.optim.Adam(params[:2]), names)
+
+
+def test_a_rank_dying_during_a_sharded_save_leaves_the_previous_checkpoint_and_no_temp(tmp_path):
+    """The surviving rank's agreement collective fails; its cleanup runs in `finally`, so nothing is left behind."""
+    import subprocess
+    import sys
+
+    from jobs import free_port, job_env
+
+    from fabric_core.io.commit import is_temporary
+    from fabric_fsdp.checkpoint import load_sharded_checkpoint
+
+    port = str(free_port())
+    ranks = []
+    for rank in (0, 1):
+        env = job_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                      OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")  # fmt: skip
+        ranks.append(subprocess.Popen([sys.executable, str(SCRIPTS / "save_faults.py"), str(tmp_path)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))  # fmt: skip
+    try:
+        codes = [p.wait(timeout=180) for p in ranks]
+    finally:
+        for p in ranks:
+            p.kill()
+    outputs = [p.stdout.read() for p in ranks]
+    assert codes == [3, 7], outputs
+    assert (tmp_path / "error0").read_text().strip(), "rank 0 must fail with an error, not hang or succeed"
+    assert [p.name for p in tmp_path.iterdir() if is_temporary(p)] == []
+    assert load_sharded_checkpoint(tmp_path / "ckpt")["step"] == 1  # the previous checkpoint, complete

@@ -79,7 +79,47 @@ class PlainEnvironment(ClusterEnvironment):
                 return env_int(key)
         return 0
 
-    def teardown(self) -> None:
-        """Drop ``WORLD_SIZE``: our launcher exports it in the parent, and a later run in the same interpreter
-        must not inherit the old job's size."""
-        os.environ.pop("WORLD_SIZE", None)
+    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
+        """Refuse rank variables that contradict ``devices``/``num_nodes`` or do not form a complete set.
+
+        A variable left in the environment by an earlier job (a notebook, a shell) must not silently change the
+        job: ``LOCAL_RANK`` alone would make this process rank 1 of a one-process world, and ``WORLD_SIZE=4``
+        with ``devices=2`` would wait forever for ranks that never come.
+        """
+        expected = num_devices * num_nodes
+        leftover = "If it is left over from an earlier job (a notebook, a shell), unset it."
+        if not self.creates_processes_externally:
+            for var in ("WORLD_SIZE", "RANK"):
+                value = os.environ.get(var)
+                if value is None or value.strip() == "" or var == "WORLD_SIZE" and value.strip() == str(expected):
+                    continue
+                raise ValueError(
+                    f"`{var}={value}` is set in the environment, but `LOCAL_RANK` is not, so Fabric starts the"
+                    f" {expected} processes of `devices={num_devices}, num_nodes={num_nodes}` itself and assigns"
+                    f" their ranks. {leftover} A launcher that starts the processes itself must set LOCAL_RANK,"
+                    " RANK and WORLD_SIZE together."
+                )
+            return
+        local_rank = os.environ["LOCAL_RANK"]
+        missing = [var for var in ("RANK", "WORLD_SIZE") if not os.environ.get(var, "").strip()]
+        if missing:
+            raise ValueError(
+                f"`LOCAL_RANK={local_rank}` is set in the environment, so Fabric takes this process as one started by"
+                f" a launcher, but {' and '.join(f'`{m}`' for m in missing)} {'is' if len(missing) == 1 else 'are'}"
+                f" not set. {leftover} Otherwise export LOCAL_RANK, RANK and WORLD_SIZE together (and MASTER_ADDR/"
+                "MASTER_PORT), as torchrun does."
+            )
+        world_size, rank, local = env_int("WORLD_SIZE"), env_int("RANK"), env_int("LOCAL_RANK")
+        if world_size != expected:
+            raise ValueError(
+                f"`WORLD_SIZE={world_size}` is set in the environment, but `Fabric(devices={num_devices},"
+                f" num_nodes={num_nodes})` runs {expected} processes. Make them agree, or unset the launcher variables"
+                f" (LOCAL_RANK, RANK, WORLD_SIZE) if they are left over from an earlier job."
+            )
+        if not 0 <= rank < world_size:
+            raise ValueError(f"`RANK={rank}` is set in the environment, but it must be between 0 and {world_size - 1} (WORLD_SIZE={world_size}).")
+        if not 0 <= local < num_devices:
+            raise ValueError(
+                f"`LOCAL_RANK={local}` is set in the environment, but it must be between 0 and {num_devices - 1}"
+                f" (devices={num_devices}). {leftover}"
+            )

@@ -12,8 +12,10 @@ promises that matter when a run is killed at the worst moment:
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
+import zipfile
 import shutil
 import tempfile
 from abc import ABC, abstractmethod
@@ -29,7 +31,7 @@ try:
 except ImportError:  # Windows
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["CheckpointIO", "TorchCheckpointIO", "atomic_save"]
+__all__ = ["CheckpointIO", "CheckpointReadError", "TorchCheckpointIO", "atomic_save"]
 
 _PathLike = str | os.PathLike
 
@@ -119,11 +121,16 @@ class _WritebackFile:
         self._sync_file_range = sync_file_range
         self._written = 0
         self._started = 0
+        self.error: OSError | None = None
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")  # one tensor arrives as one write: slice it so writeback starts early
         for start in range(0, len(view), self.CHUNK):
-            self._written += self._raw.write(view[start : start + self.CHUNK])
+            try:
+                self._written += self._raw.write(view[start : start + self.CHUNK])
+            except OSError as err:
+                self.error = err  # torch reports it as a generic "file write failed"; atomic_save names it
+                raise
             if self._written - self._started >= self.CHUNK:
                 self._raw.flush()
                 self._sync_file_range(self._fd, self._started, self._written - self._started, _SYNC_FILE_RANGE_WRITE)
@@ -155,22 +162,32 @@ def atomic_save(obj: Any, path: _PathLike) -> None:
     remove_leftovers(target)
 
     fd, tmp_name = tempfile.mkstemp(prefix=temp_prefix(target), dir=parent)
+    writer: _WritebackFile | None = None
     try:
         if fcntl is not None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # marks the file as being written (see commit.py)
         with os.fdopen(fd, "wb") as tmp_file:
             sync_file_range = _load_sync_file_range()
-            torch.save(obj, _WritebackFile(tmp_file, sync_file_range) if sync_file_range else tmp_file)
+            writer = _WritebackFile(tmp_file, sync_file_range)
+            torch.save(obj, writer if sync_file_range else tmp_file)
             tmp_file.flush()
             os.fsync(tmp_file.fileno())
             os.chmod(tmp_name, _default_file_mode())
             os.replace(tmp_name, target)
-    except BaseException:
+    except BaseException as err:
         # BaseException on purpose: Ctrl-C mid-save must not leave a multi-GB temporary file behind.
         try:
             os.unlink(tmp_name)
         except FileNotFoundError:
             pass
+        cause = writer.error if writer is not None and writer.error is not None else err
+        if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise OSError(
+                cause.errno,
+                f"No space left to save the checkpoint {str(target)!r} ({os.strerror(cause.errno)}). Nothing was"
+                " changed: the previous checkpoint at that path, if any, is intact and the partial file was removed."
+                " Free some space or save elsewhere.",
+            ) from err
         raise
     fsync_directory(parent)
 
@@ -182,6 +199,29 @@ _UNSAFE_LOAD_HINT = (
     "allowlist the classes it needs with `torch.serialization.add_safe_globals([...])`.\n\n"
     "Details from torch.load: {detail}"
 )
+
+
+class CheckpointReadError(RuntimeError):
+    """The file is not a readable checkpoint: empty, truncated, corrupt, or not written by ``torch.save``."""
+
+
+#: What torch says when a file is not (or no longer) a valid checkpoint archive.
+_CORRUPT_MARKS = ("PytorchStreamReader failed", "failed finding central directory", "invalid header", "not a zip")
+
+
+def _refused_by_safe_loader(err: pickle.UnpicklingError) -> bool:
+    """Whether torch's safe loader refused an object it does not allow (not a corrupt file)."""
+    text = str(err)
+    return "Weights only load failed" in text and any(
+        mark in text for mark in ("Unsupported global", "GLOBAL", "not an allowed global", "add_safe_globals")
+    )
+
+
+def _not_a_checkpoint(path: str, err: BaseException) -> str:
+    return (
+        f"Cannot load checkpoint {path!r}: it is not a readable checkpoint (corrupt, truncated, or not written by"
+        f" `torch.save`/`fabric.save`). {type(err).__name__}: {err}"
+    )
 
 
 class TorchCheckpointIO(CheckpointIO):
@@ -216,7 +256,7 @@ class TorchCheckpointIO(CheckpointIO):
                 tensors, primitive containers and allowlisted classes. Pass ``False`` only for trusted files.
             mmap: memory-map the file instead of reading it, so tensors are paged in lazily and a large checkpoint
                 does not need to fit in RAM at once. Needs the zipfile format ``torch.save`` has written by default
-                since torch 1.6 (legacy files raise ``RuntimeError``). The returned CPU tensors are backed by the
+                since torch 1.6; legacy files are read without mapping. The returned CPU tensors are backed by the
                 file; atomic saves replace the file rather than rewriting it, so they stay valid.
         """
         fspath = os.fspath(path)
@@ -228,13 +268,28 @@ class TorchCheckpointIO(CheckpointIO):
         if not os.path.exists(fspath):
             raise FileNotFoundError(f"Checkpoint file not found: {fspath}")
 
+        if os.path.getsize(fspath) == 0:
+            raise CheckpointReadError(f"Cannot load checkpoint {fspath!r}: the file is empty (an interrupted copy?).")
+        if mmap and not zipfile.is_zipfile(fspath):
+            mmap = False  # torch's legacy (pre-zipfile) format cannot be mapped; a file that is no archive fails below
         safe = True if weights_only is None else bool(weights_only)
         try:
             return torch.load(fspath, map_location=map_location, weights_only=safe, mmap=mmap)
         except pickle.UnpicklingError as err:
-            if not safe:
+            if safe and _refused_by_safe_loader(err):
+                raise pickle.UnpicklingError(_UNSAFE_LOAD_HINT.format(path=fspath, detail=err)) from err
+            raise CheckpointReadError(_not_a_checkpoint(fspath, err)) from err
+        except (EOFError, zipfile.BadZipFile, UnicodeDecodeError) as err:
+            raise CheckpointReadError(_not_a_checkpoint(fspath, err)) from err
+        except (KeyError, ValueError, IndexError) as err:
+            if zipfile.is_zipfile(fspath):
                 raise
-            raise pickle.UnpicklingError(_UNSAFE_LOAD_HINT.format(path=fspath, detail=err)) from err
+            # torch's legacy reader chokes on the first bytes of a file that is no checkpoint at all
+            raise CheckpointReadError(_not_a_checkpoint(fspath, err)) from err
+        except RuntimeError as err:
+            if any(mark in str(err) for mark in _CORRUPT_MARKS):
+                raise CheckpointReadError(_not_a_checkpoint(fspath, err)) from err
+            raise
 
     def remove_checkpoint(self, path: _PathLike) -> None:
         """Delete a checkpoint file, or a whole checkpoint directory (sharded checkpoints); missing is fine."""

@@ -28,3 +28,6 @@ class Launcher(ABC):
     @abstractmethod
     def launch(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Start the processes and run ``function(*args, **kwargs)`` in each."""
+
+    def teardown(self) -> None:  # noqa: B027 (optional hook)
+        """Undo what launching changed in this process (exported variables), when the strategy is torn down."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fabric_core.launchers.base import Launcher
+from fabric_core.utilities.process_group import abandon_at_exit, release_process_group
 from fabric_core.utilities.topology import Topology
 
 if TYPE_CHECKING:
@@ -72,6 +73,8 @@ class MultiProcessingLauncher(Launcher):
 
         if self.start_method == "fork":
             _check_can_fork()
+        else:
+            _check_picklable(function, self.start_method)
         env = self.strategy.cluster_environment
         if env is not None:
             # Decide the rendezvous once, here, so all workers see the same (possibly freshly picked) port.
@@ -88,13 +91,50 @@ class MultiProcessingLauncher(Launcher):
             join=False,
         )
         output: list[Any] = []
-        # Read while joining: a large result would otherwise block its worker on a full pipe forever.
-        while not process_context.join(timeout=_POLL_S):
-            if not output and not results.empty():
-                output.append(results.get())
+        try:
+            # Read while joining: a large result would otherwise block its worker on a full pipe forever.
+            while not process_context.join(timeout=_POLL_S):
+                if not output and not results.empty():
+                    output.append(results.get())
+        except BaseException:
+            # Ctrl-C or SIGTERM (turned into an exception) reached only this process, or a worker failed: the others
+            # must not keep the job alive (the caller would wait on them at exit).
+            _stop_workers(process_context.processes)
+            raise
         if not output and not results.empty():
             output.append(results.get())
         return _deserialize(output[0]) if output else None
+
+
+def _check_picklable(function: Callable[..., Any], start_method: str) -> None:
+    import pickle
+
+    try:
+        pickle.dumps(function)
+    except Exception as err:
+        name = getattr(function, "__qualname__", repr(function))
+        raise TypeError(
+            f"`fabric.launch({name})` with start method {start_method!r} sends the function to new processes by"
+            f" pickling it, and it cannot be pickled ({type(err).__name__}: {err}). Define it at the top level of a"
+            " module (not inside another function, not a lambda), or use a strategy that re-runs the script"
+            " (`strategy='ddp'`) or forks (`strategy='ddp_fork'`)."
+        ) from err
+
+
+def _stop_workers(processes: list[Any], grace: float = 5.0) -> None:
+    """SIGTERM every live worker, then SIGKILL what is left after ``grace`` seconds."""
+    import time
+
+    live = [p for p in processes if p.is_alive()]
+    for p in live:
+        p.terminate()
+    deadline = time.monotonic() + grace
+    for p in live:
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
+    for p in live:
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=1.0)
 
 
 def _check_can_fork() -> None:
@@ -134,9 +174,14 @@ def _worker(
         topology = Topology(strategy.num_nodes, strategy.num_processes, env.node_rank(), process_idx)
         env.set_global_rank(topology.global_rank)
         env.set_world_size(topology.world_size)
-    result = function(*args, **kwargs)
+    try:
+        result = function(*args, **kwargs)
+    except BaseException:
+        abandon_at_exit()  # the caller reports this worker's error, not the ones its peers would get
+        raise
     if process_idx == 0:
         results.put(_serialize(result))
+    release_process_group()  # before the worker's interpreter shuts down (see utilities/process_group.py)
 
 
 def _serialize(result: Any) -> bytes:

@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fabric_core.launchers.base import Launcher
+from fabric_core.utilities.process_group import release_process_group
 from fabric_core.utilities.topology import Topology, threads_per_process
 
 if TYPE_CHECKING:
@@ -233,14 +234,42 @@ class _ChildGroup:
         while not self._stopping.is_set() and self._check():
             time.sleep(_POLL_S)
 
+    def _failed_child(self, wait: float) -> tuple[int, int, int] | None:
+        """``(local rank, pid, exit code)`` of a child that exited non-zero, waiting up to ``wait`` s for one."""
+        deadline = time.monotonic() + wait
+        while True:
+            for rank, process in zip(self.local_ranks, self.processes):
+                code = process.poll()
+                if code is not None and code != 0:
+                    return rank, process.pid, _exit_code(code)
+            if time.monotonic() >= deadline or all(p.poll() is not None for p in self.processes):
+                return None
+            time.sleep(_POLL_S)
+
     def _excepthook(self, exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
         previous = self._previous_excepthook or sys.__excepthook__
         self._stopping.set()  # the children's deaths below are ours, not failures to report
+        # Rank 0 failing in a collective is often the *consequence* of another rank dying (its connections close):
+        # name that rank and exit with its code, as torchrun does, instead of only rank 0's gloo traceback.
+        failed = self._failed_child(wait=1.0) if not issubclass(exc_type, KeyboardInterrupt) else None
+        if failed is not None and sys.__stderr__ is not None:
+            # This hook ends the process below; a hook installed after ours (torch's init_process_group wraps it to
+            # prefix "[rankN]") may have pointed sys.stderr at a buffer it would only print after we return.
+            sys.stderr = sys.__stderr__
         try:
             previous(exc_type, exc, tb)
         finally:
             _flush()
+            if failed is not None:
+                rank, pid, code = failed
+                sys.stderr.write(
+                    f"[fabric] Local rank {rank} (pid {pid}) exited with code {code} while rank 0 was running; the"
+                    " error above is likely its consequence. Terminating the remaining processes.\n"
+                )
+                _flush()
             self.terminate()
+            if failed is not None:
+                os._exit(failed[2])
 
     # ------------------------------------------------------------------------------------------------ signals
     def _install_signal_handlers(self) -> None:
@@ -326,22 +355,10 @@ class _ChildGroup:
         # Normal exit of rank 0: the job ends when every rank has ended, and fails if any rank failed. Rank 0
         # has passed all its collectives, so a child still waiting in one can never finish: dropping the
         # process group makes such a child fail now rather than at the process-group timeout.
-        _release_process_group()
+        release_process_group()
         while self._check():
             time.sleep(_POLL_S)
         self.terminate(grace=0.5)  # only sweeps leftover grandchildren
-
-
-def _release_process_group() -> None:
-    """Destroy this process's default process group, if any, without importing torch.distributed for it."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is None:
-        return
-    try:
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
-    except Exception:
-        pass
 
 
 class SubprocessScriptLauncher(Launcher):
@@ -358,10 +375,25 @@ class SubprocessScriptLauncher(Launcher):
     def __init__(self, strategy: ParallelStrategy) -> None:
         super().__init__(strategy)
         self.children: _ChildGroup | None = None
+        self._previous: dict[str, str | None] = {}
 
     @property
     def num_processes(self) -> int:
         return self.strategy.num_processes
+
+    def _export(self, values: dict[str, str], keys: Sequence[str]) -> None:
+        for key in keys:
+            self._previous.setdefault(key, os.environ.get(key))
+            os.environ[key] = values[key]
+
+    def teardown(self) -> None:
+        """Put back the variables this process exported for its job, so a later job here starts clean."""
+        for key, value in self._previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        self._previous.clear()
 
     def launch(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         env = self.strategy.cluster_environment
@@ -385,8 +417,7 @@ class SubprocessScriptLauncher(Launcher):
         command = list(command) if command is not None else script_command()
         # Fix the rendezvous in this process first, so rank 0 and the children agree on the (free) port.
         rank_zero_env = self._topology(env, 0).environment(env.main_address, env.main_port)
-        for key in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "WORLD_SIZE"):
-            os.environ[key] = rank_zero_env[key]
+        self._export(rank_zero_env, ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "WORLD_SIZE"))
         preexec = _parent_death_signal()
         group_kwargs: dict[str, Any] = {}
         if os.name == "posix":
@@ -408,8 +439,9 @@ class SubprocessScriptLauncher(Launcher):
         except BaseException:
             _ChildGroup(processes, ranks[: len(processes)]).terminate(grace=1.0)
             raise
-        # From now on this process is local rank 0: a later `launch()` must not start more children.
-        os.environ["LOCAL_RANK"] = "0"
+        # From now on this process is local rank 0 of a complete set of launcher variables: a later `launch()` must
+        # not start more children, and a later Fabric in this process sees a consistent job.
+        self._export(rank_zero_env, ("LOCAL_RANK", "RANK"))
         self.children = _ChildGroup(processes, ranks)
         if processes:
             self.children.install()

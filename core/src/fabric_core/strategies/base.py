@@ -36,7 +36,25 @@ if TYPE_CHECKING:
     from fabric_core.io.formats import FindReader
     from fabric_core.launchers.base import Launcher
 
-__all__ = ["PRECISION_STATE_KEY", "BackwardSyncControl", "Strategy"]
+__all__ = ["PRECISION_STATE_KEY", "REDUCE_OPS", "BackwardSyncControl", "Strategy", "check_reduce_op"]
+
+#: The reduction names every strategy accepts (``"avg"`` is ``"mean"``).
+REDUCE_OPS = ("mean", "avg", "sum", "max", "min", "product")
+
+
+def check_reduce_op(reduce_op: Any) -> str | Any:
+    """The lower-cased name of a reduction, or the ``torch.distributed.ReduceOp`` given; ``ValueError`` otherwise."""
+    if isinstance(reduce_op, str):
+        name = reduce_op.lower()
+        if name not in REDUCE_OPS:
+            raise ValueError(f"Unsupported reduce_op {reduce_op!r}: use 'mean', 'sum', 'max', 'min' or 'product'.")
+        return name
+    if type(reduce_op).__name__ in ("ReduceOp", "RedOpType"):
+        return reduce_op
+    raise ValueError(
+        f"Unsupported reduce_op {reduce_op!r} ({type(reduce_op).__name__}): use 'mean', 'sum', 'max', 'min',"
+        " 'product', or a `torch.distributed.ReduceOp`."
+    )
 
 
 class BackwardSyncControl(ABC):
@@ -287,6 +305,14 @@ class Strategy(ABC):
     @abstractmethod
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         """Send a picklable object from rank ``src`` to every process."""
+
+    def prepare_barrier_without_timeout(self) -> None:  # noqa: B027 (optional hook)
+        """Called by every rank at the same point before :meth:`barrier_without_timeout` is used."""
+
+    def barrier_without_timeout(self, name: str | None = None) -> None:
+        """A barrier that may wait longer than the collective timeout (``fabric.rank_zero_first``); a rank that
+        fails must still end the wait promptly. The default is the ordinary barrier."""
+        self.barrier(name)
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         return decision

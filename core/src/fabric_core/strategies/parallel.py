@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from fabric_core.strategies.base import Strategy
+from fabric_core.strategies.base import Strategy, check_reduce_op
 from fabric_core.utilities import rank_zero
+from fabric_core.utilities.process_group import release_at_exit
 from fabric_core.utilities.topology import Topology, threads_per_process
 
 if TYPE_CHECKING:
@@ -26,6 +27,28 @@ if TYPE_CHECKING:
     from fabric_core.precision.base import Precision
 
 DEFAULT_TIMEOUT = timedelta(minutes=30)
+
+
+TIMEOUT_VARIABLE = "FABRIC_TIMEOUT"
+
+
+def collective_timeout(configured: timedelta | None) -> timedelta | None:
+    """How long a collective waits for the other ranks: the strategy's ``timeout`` when it was given one, else
+    ``FABRIC_TIMEOUT`` (seconds) when set, else 30 minutes (torch's default).
+
+    A rank that stops making progress (stuck, or waiting on a collective the others never reach) holds up the
+    others for this long before the job fails, so interactive or test runs may want far less.
+    """
+    value = os.environ.get(TIMEOUT_VARIABLE, "").strip()
+    if configured is not DEFAULT_TIMEOUT or not value:
+        return configured
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"`{TIMEOUT_VARIABLE}={value}` must be a number of seconds.") from None
+    if seconds <= 0:
+        raise ValueError(f"`{TIMEOUT_VARIABLE}={value}` must be a positive number of seconds.")
+    return timedelta(seconds=seconds)
 
 
 def _dist() -> Any:
@@ -42,7 +65,8 @@ class ParallelStrategy(Strategy):
         cluster_environment: where ranks and the rendezvous come from; by default the detected one.
         process_group_backend: ``"gloo"``, ``"nccl"``, ...; by default the accelerator's (nccl on CUDA, gloo
             otherwise).
-        timeout: how long a collective waits for the other ranks before failing.
+        timeout: how long a collective waits for the other ranks before failing (default: ``FABRIC_TIMEOUT``
+            seconds if set, else 30 minutes).
         start_method: ``"popen"`` (re-run the script for each extra local rank), ``"spawn"``, ``"fork"`` or
             ``"forkserver"`` (run the function given to ``fabric.launch`` in new processes).
     """
@@ -69,6 +93,7 @@ class ParallelStrategy(Strategy):
         self.start_method = start_method
         self.launcher_name = "subprocess" if start_method == "popen" else start_method
         self._owns_process_group = False
+        self._unlimited_group: Any = None
 
     def attach(
         self,
@@ -172,18 +197,23 @@ class ParallelStrategy(Strategy):
         os.environ["MASTER_ADDR"] = env.main_address
         os.environ["MASTER_PORT"] = str(env.main_port)
         kwargs: dict[str, Any] = {}
-        if self.timeout is not None:
-            kwargs["timeout"] = self.timeout
+        timeout = collective_timeout(self.timeout)
+        if timeout is not None:
+            kwargs["timeout"] = timeout
         dist.init_process_group(
             self.get_process_group_backend(), rank=env.global_rank(), world_size=env.world_size(), **kwargs
         )
         self._owns_process_group = True
+        release_at_exit()  # a gloo group alive at interpreter exit can turn a successful run into exit 134
 
     def teardown(self) -> None:
         dist = _dist()
+        self._unlimited_group = None
         if self._owns_process_group and dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
             self._owns_process_group = False
+        if self.launcher is not None:
+            self.launcher.teardown()
         if self.cluster_environment is not None:
             self.cluster_environment.teardown()
         super().teardown()
@@ -194,20 +224,43 @@ class ParallelStrategy(Strategy):
         dist = _dist()
         return dist.is_available() and dist.is_initialized()
 
+    _MAX_DIMS = 8
+
+    def _shapes(self, tensor: Tensor, group: Any) -> list[tuple[int, ...]]:
+        """Every rank's shape of ``tensor``, in one small all-gather (dtype and device of ``tensor`` ignored)."""
+        dist = _dist()
+        world = dist.get_world_size(group)
+        if tensor.dim() > self._MAX_DIMS:
+            raise ValueError(f"Collectives take tensors with at most {self._MAX_DIMS} dimensions, got {tensor.dim()}.")
+        record = torch.full((self._MAX_DIMS + 1,), -1, dtype=torch.long, device=tensor.device)
+        record[0] = tensor.dim()
+        record[1 : tensor.dim() + 1] = torch.tensor(tensor.shape, dtype=torch.long)
+        records = [torch.empty_like(record) for _ in range(world)]
+        dist.all_gather(records, record, group=group)
+        return [tuple(int(d) for d in r[1 : int(r[0]) + 1]) for r in records]
+
     def all_reduce(self, tensor: Tensor, group: Any | None = None, reduce_op: str | Any = "mean") -> Tensor:
-        """In-place reduction. ``"mean"`` is a sum followed by a division (integer tensors floor-divide)."""
+        """In-place reduction. ``"mean"`` is a sum followed by a division (integer tensors floor-divide).
+
+        The ranks' shapes are compared first (one small all-gather): tensors of different shapes would otherwise
+        be reduced element by element as flat buffers, a silently wrong result.
+        """
+        op_name = check_reduce_op(reduce_op)
         if not self._ready():
             return tensor
         dist = _dist()
-        mean = isinstance(reduce_op, str) and reduce_op.lower() in ("mean", "avg")
-        if isinstance(reduce_op, str):
-            op = dist.ReduceOp.SUM if mean else getattr(dist.ReduceOp, reduce_op.upper(), None)
-            if op is None:
-                raise ValueError(
-                    f"Unsupported reduce_op {reduce_op!r}: use 'mean', 'sum', 'max', 'min' or 'product'."
-                )
+        shapes = self._shapes(tensor, group)
+        if len(set(shapes)) != 1:
+            listing = ", ".join(f"rank {rank}: {tuple(shape)}" for rank, shape in enumerate(shapes))
+            raise ValueError(
+                f"`all_reduce` needs a tensor of the same shape on every rank, got {listing}. Reduce tensors of"
+                " equal shape (pad them, or reduce a scalar such as a sum and a count)."
+            )
+        mean = op_name in ("mean", "avg")
+        if isinstance(op_name, str):
+            op = dist.ReduceOp.SUM if mean else getattr(dist.ReduceOp, op_name.upper())
         else:
-            op = reduce_op
+            op = op_name
         dist.all_reduce(tensor, op=op, group=group)
         if mean:
             size = dist.get_world_size(group)
@@ -221,25 +274,19 @@ class ParallelStrategy(Strategy):
         """Stack every rank's tensor into ``(world_size, *shape)``; ranks may hold different shapes.
 
         Shapes are exchanged first; when they differ, tensors are padded to the largest size, gathered, and
-        returned as a list-like stack only when all shapes match (otherwise a tuple of per-rank tensors).
+        returned as a tuple of per-rank tensors (a stacked tensor only when all shapes match).
         """
         if not self._ready():
             return tensor
         dist = _dist()
         world = dist.get_world_size(group)
         tensor = tensor.contiguous()
-        shape = torch.tensor(tensor.shape, dtype=torch.long, device=tensor.device)
-        ndim = torch.tensor([tensor.dim()], dtype=torch.long, device=tensor.device)
-        ndims = [torch.zeros_like(ndim) for _ in range(world)]
-        dist.all_gather(ndims, ndim, group=group)
-        if len({int(n) for n in ndims}) != 1:
+        shape_list = self._shapes(tensor, group)
+        if len({len(s) for s in shape_list}) != 1:
             raise ValueError(
                 "all_gather needs tensors with the same number of dimensions on every rank, got"
-                f" {[int(n) for n in ndims]}."
+                f" {[len(s) for s in shape_list]}."
             )
-        shapes = [torch.zeros_like(shape) for _ in range(world)]
-        dist.all_gather(shapes, shape, group=group)
-        shape_list = [tuple(int(s) for s in sh) for sh in shapes]
         if len(set(shape_list)) == 1:
             return self._gather_same_shape(tensor, world, group, sync_grads)
         max_shape = [max(s[d] for s in shape_list) for d in range(tensor.dim())]
@@ -274,6 +321,8 @@ class ParallelStrategy(Strategy):
             dist.barrier()
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
+        if not isinstance(src, int) or isinstance(src, bool) or not 0 <= src < self.world_size:
+            raise ValueError(f"`broadcast(src={src!r})`: `src` must be a rank between 0 and {self.world_size - 1}.")
         if not self._ready():
             return obj
         dist = _dist()
@@ -285,8 +334,26 @@ class ParallelStrategy(Strategy):
         if not self._ready():
             return decision
         flag = torch.tensor(int(decision), device=self.root_device)
-        self.all_reduce(flag, reduce_op="sum")
+        _dist().all_reduce(flag, op=_dist().ReduceOp.SUM)
         return bool(flag == self.world_size) if all else bool(flag > 0)
+
+    def prepare_barrier_without_timeout(self) -> None:
+        """Create (once, every rank together) the gloo group that :meth:`barrier_without_timeout` waits on."""
+        if self._ready() and self._unlimited_group is None:
+            self._unlimited_group = _dist().new_group(backend="gloo", timeout=timedelta(days=10000))
+
+    def barrier_without_timeout(self, name: str | None = None) -> None:
+        """A barrier with no time limit, over a gloo group made for it.
+
+        For waits of unknown length, such as rank 0 downloading a dataset in ``fabric.rank_zero_first()``: an
+        ordinary barrier would fail at the process-group timeout. If a rank dies instead, its connections close and
+        the others fail at once.
+        """
+        if not self._ready():
+            return
+        if self._unlimited_group is None:
+            raise RuntimeError("call `prepare_barrier_without_timeout()` on every rank first")
+        _dist().barrier(group=self._unlimited_group)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(devices={self.num_processes}, num_nodes={self.num_nodes})"

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 
-from fabric_core.strategies.base import BackwardSyncControl, Strategy
+from fabric_core.strategies.base import BackwardSyncControl, Strategy, check_reduce_op
 
 if TYPE_CHECKING:
     from fabric_core.accelerators.base import Accelerator
@@ -57,6 +57,11 @@ class SingleDeviceStrategy(Strategy):
             checkpoint_io=checkpoint_io,
             find_checkpoint_reader=find_checkpoint_reader,
         )
+        if len(devices) > 1:
+            raise ValueError(
+                f"The `{type(self).__name__}` runs one process on one device, but `devices` selects {len(devices)}."
+                " Use `strategy='auto'` (or a parallel strategy such as 'ddp') for several devices, or `devices=1`."
+            )
         if self._device is None:
             self._device = devices[0] if devices else torch.device("cpu")
 
@@ -72,10 +77,13 @@ class SingleDeviceStrategy(Strategy):
         return tensor
 
     def all_reduce(self, tensor: Tensor, group: Any | None = None, reduce_op: str | Any = "mean") -> Tensor:
+        check_reduce_op(reduce_op)
         return tensor
 
     def barrier(self, name: str | None = None) -> None:
         pass
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
+        if src != 0:
+            raise ValueError(f"`broadcast(src={src!r})`: there is one process, rank 0; `src` must be 0.")
         return obj

@@ -11,6 +11,12 @@ Every rank writes ``pid<rank>`` (its pid) and then ``ready<rank>`` once the proc
 * ``unmatched_collective`` - strategy="ddp": rank 0 finishes; rank 1 waits in a collective rank 0 never joins.
 * ``fork_child_raises``  - strategy="ddp_fork": worker 1 raises; the caller must raise promptly.
 * ``cli_child_raises``   - under ``fabric run``: rank 1 raises.
+* ``child_exits_hard``   - strategy="ddp": rank 1 ends with ``os._exit(7)`` while rank 0 waits in a collective.
+* ``child_killed``       - strategy="ddp": rank 1 is SIGKILLed while rank 0 waits in a collective.
+* ``spawn_stuck``        - strategy="ddp_spawn": both workers block in a receive (SIGINT to the caller must end it).
+* ``zero_first_slow``    - strategy="ddp", FABRIC_TIMEOUT=2: rank 0 takes 5 s inside ``rank_zero_first()``; all pass.
+* ``zero_first_fails``   - strategy="ddp": rank 0 raises inside ``rank_zero_first()`` while the others wait.
+* ``mismatched``         - strategy="ddp": ranks all_reduce tensors of different shapes, then broadcast from src=5.
 """
 
 from __future__ import annotations
@@ -58,7 +64,46 @@ def body(fabric: Fabric, outdir: str, mode: str) -> None:
             raise AssertionError("the collective without rank 0 returned")
         time.sleep(0.5)
         return
-    if mode == "stuck":
+    if mode in ("child_exits_hard", "child_killed"):
+        if rank == 1:
+            time.sleep(0.5)
+            note(outdir, "raised_at", time.time())
+            if mode == "child_killed":
+                os.kill(os.getpid(), 9)
+            os._exit(7)
+        fabric.all_reduce(torch.ones(1))
+        raise AssertionError("the collective with a dead peer returned")
+    if mode == "zero_first_slow":
+        with fabric.rank_zero_first():
+            if rank == 0:
+                time.sleep(5.0)  # longer than the collective timeout (FABRIC_TIMEOUT=2)
+                note(outdir, "downloaded", time.time())
+            else:
+                assert Path(outdir, "downloaded").exists(), "rank 1 ran before rank 0 finished"
+        fabric.barrier()
+        note(outdir, f"done{rank}", time.time())
+        return
+    if mode == "zero_first_fails":
+        with fabric.rank_zero_first():
+            if rank == 0:
+                time.sleep(0.5)
+                note(outdir, "raised_at", time.time())
+                raise RuntimeError("rank 0 fails inside rank_zero_first on purpose")
+        raise AssertionError("rank 1 got past rank_zero_first although rank 0 failed")
+    if mode == "mismatched":
+        errors = []
+        try:
+            fabric.all_reduce(torch.ones(2 + rank))
+        except ValueError as err:
+            errors.append(str(err))
+        try:
+            fabric.broadcast("x", src=5)
+        except ValueError as err:
+            errors.append(str(err))
+        note(outdir, f"errors{rank}", "\n".join(errors))
+        fabric.barrier()  # the process group still works after the refused calls
+        return
+    if mode in ("stuck", "spawn_stuck"):
         dist.recv(torch.zeros(1), src=1 - rank)  # both wait to receive; nobody sends
     raise AssertionError(f"unexpected end of mode {mode!r}")
 
@@ -69,6 +114,8 @@ if __name__ == "__main__":
         body(Fabric(), outdir, mode)
     elif mode == "fork_child_raises":
         Fabric(accelerator="cpu", strategy="ddp_fork", devices=2).launch(body, outdir, mode)
+    elif mode == "spawn_stuck":
+        Fabric(accelerator="cpu", strategy="ddp_spawn", devices=2).launch(body, outdir, mode)
     else:
         fabric = Fabric(accelerator="cpu", strategy="ddp", devices=2)
         fabric.launch()
