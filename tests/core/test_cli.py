@@ -195,3 +195,49 @@ def test_table_of_a_registry_with_a_conflict(monkeypatch):
         {"kind": "strategy", "name": "single_device", "ignored": "Twin", "used": "fabric-core", "reason": "first registration wins"}
     ]
     assert "strategy 'single_device': using fabric-core, ignoring Twin" in format_table(report)
+
+
+# ------------------------------------------------------------------------------------------------ fabric run's line
+from fabric_core import cli_run  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["train.py", "--devices", "2", "--strategy", "ddp"], {"devices": "2", "strategy": "ddp", "script_args": []}),
+        (["train.py", "--accelerator=gpu", "--devices=4"], {"accelerator": "gpu", "devices": "4", "script_args": []}),
+        (["train.py", "a", "--devices=4", "b", "--lr", "0.1"], {"devices": "4", "script_args": ["a", "b", "--lr", "0.1"]}),
+        (["--devices", "2", "train.py", "--", "--devices", "3"], {"devices": "2", "script_args": ["--devices", "3"]}),
+        (["train.py", "a", "--", "b", "-m"], {"script_args": ["a", "b", "-m"]}),
+        (["-m", "pkg.train", "-m", "x"], {"module": True, "script": "pkg.train", "script_args": ["-m", "x"]}),
+        (["train.py", "--dev", "2"], {"devices": "1", "script_args": ["--dev", "2"]}),  # no abbreviations
+        (["train.py", "--num_nodes", "3", "--node-rank=1"], {"num_nodes": 3, "node_rank": 1}),
+        (["--devices", "auto", "train.py"], {"devices": "auto"}),
+    ],
+    ids=["after-script", "seeds-example", "interleaved", "double-dash", "double-dash-middle", "module", "no-abbrev", "ints", "auto"],
+)
+def test_run_options_are_recognised_anywhere_before_double_dash(argv, expected):
+    args = cli_run.parse_run_args(argv)
+    for key, value in expected.items():
+        assert getattr(args, key) == value, (key, getattr(args, key))
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        ([], "missing SCRIPT"),
+        (["train.py", "--devices"], "option --devices needs a value"),
+        (["train.py", "--num-nodes", "two"], "invalid int value 'two'"),
+        (["--lr", "0.1", "train.py"], "unknown option '--lr' before SCRIPT"),
+    ],
+)
+def test_run_usage_errors_exit_2(argv, words, capsys):
+    assert main(["run", *argv]) == 2
+    err = capsys.readouterr().err
+    assert "usage: fabric run" in err and words in err
+
+
+def test_run_help_after_the_script_is_fabrics_help(capsys):
+    assert main(["run", "train.py", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: fabric run") and "--devices" in out and "--main-port" in out

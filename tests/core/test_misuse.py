@@ -128,3 +128,19 @@ def test_a_checkpoint_with_python_objects_still_gets_the_trusted_source_advice(t
     torch.save({"obj": UserObject()}, path)
     with pytest.raises(pickle.UnpicklingError, match="weights_only=False"):
         TorchCheckpointIO().load_checkpoint(path)
+
+
+def test_spawn_without_a_main_guard_says_so(tmp_path):
+    pytest.importorskip("fabric_ddp")
+    import subprocess
+    import sys
+
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "from fabric_core import Fabric\n\n"
+        "def work(fabric):\n    return fabric.global_rank\n\n"
+        "Fabric(accelerator='cpu', strategy='ddp_spawn', devices=2).launch(work)\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert done.returncode != 0
+    assert 'guards the main function with an `if __name__ == "__main__"` clause' in done.stderr, done.stderr[-3000:]

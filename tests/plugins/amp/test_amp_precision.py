@@ -14,7 +14,10 @@ from fabric_amp import MixedPrecision
 from fabric_core import Fabric
 from fabric_core.registry import get_registry
 
-FP16_ON_CPU = "AMP with fp16 is not supported on CPU. Using `precision='bf16-mixed'` instead."
+FP16_ON_CPU = (
+    "You passed `Fabric(accelerator='cpu', precision='16-mixed')` but AMP with fp16 is not supported on CPU."
+    " Using `precision='bf16-mixed'` instead."
+)
 
 
 class Probe(nn.Module):
@@ -80,7 +83,7 @@ def test_bf16_mixed_autocasts_forward_and_keeps_fp32_master_weights():
     x = torch.randn(5, 8)
     out = model(x)
     assert probe.seen == {
-        "input_dtype": torch.float32,  # inputs are left alone, autocast casts per operation
+        "input_dtype": torch.bfloat16,  # floating inputs are cast to the autocast dtype before forward
         "autocast": True,
         "autocast_dtype": torch.bfloat16,
         "linear_dtype": torch.bfloat16,
@@ -94,6 +97,23 @@ def test_bf16_mixed_autocasts_forward_and_keeps_fp32_master_weights():
     optimizer.step()
     assert probe.linear.weight.dtype == torch.float32
     assert not torch.equal(before, probe.linear.weight)
+
+
+def test_integer_and_bool_inputs_are_not_cast():
+    class Inputs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(2, 2)
+
+        def forward(self, x, index, mask):
+            self.dtypes = (x.dtype, index.dtype, mask.dtype)
+            return self.linear(x)
+
+    fabric = Fabric(accelerator="cpu", precision="16-mixed")  # falls back to bf16-mixed on the CPU
+    module = Inputs()
+    model = fabric.setup(module)
+    model(torch.randn(3, 2), index=torch.arange(3), mask=torch.ones(3, dtype=torch.bool))
+    assert module.dtypes == (torch.bfloat16, torch.int64, torch.bool)
 
 
 def test_output_collections_are_cast_back_and_non_floats_untouched():
@@ -219,7 +239,7 @@ def test_true_precisions_do_not_guard_backward():
 def test_constructor_errors():
     with pytest.raises(ValueError, match="`precision='bf16-mixed'` does not use a scaler"):
         MixedPrecision("bf16-mixed", device="cpu", scaler=torch.amp.GradScaler("cpu"))
-    with pytest.raises(ValueError, match=r"Choose one of \['16-mixed', 'bf16-mixed'\]"):
+    with pytest.raises(ValueError, match=r"Precision must be '16-mixed' or 'bf16-mixed'"):
         MixedPrecision("16-true")
     with pytest.raises(TypeError, match="must be a `torch.amp.GradScaler`"):
         MixedPrecision("16-mixed", scaler=object())  # type: ignore[arg-type]

@@ -96,6 +96,19 @@ def test_fabric_run_cli(tmp_path: Path):
     assert job.pid not in (r0["pid"], r1["pid"])
 
 
+def test_fabric_run_options_after_the_script(tmp_path: Path):
+    """As in the seeds (`fabric run train_fabric.py --accelerator=gpu --devices=4`): options after SCRIPT are
+    Fabric's; `--` hands the rest to the script."""
+    command = [
+        *fabric_command(), CHECKS, "cli", "--devices=2", "--accelerator", "cpu", "--strategy", "ddp",
+        "--main-port", free_port(), tmp_path, "--", "--quick",
+    ]  # fmt: skip
+    job, code = run_job(command, tmp_path / "log.txt", TIMEOUT)
+    assert code == 0, job.output()[-4000:]
+    r0, r1 = _ranks(tmp_path)
+    assert [r0["rank"], r1["rank"]] == [0, 1] and r0["world_size"] == 2 and r0["strategy"] == "DDPStrategy"
+
+
 def test_two_nodes_on_loopback(tmp_path: Path):
     """Two `fabric run --num-nodes 2 --node-rank i` started side by side form one job of world size 2."""
     port = free_port()

@@ -82,8 +82,8 @@ def check_missing(state: Iterable[Any], available: Iterable[Any], strict: bool) 
     missing = [k for k in state if k not in available]
     if missing:
         raise KeyError(
-            f"The requested state contains a key {missing[0]!r} that does not exist in the loaded checkpoint."
-            f" Keys in the checkpoint: {sorted(map(str, available))}. To disable strict loading, set `strict=False`."
+            f"The requested state contains a key {missing[0]!r} that does not exist in the loaded checkpoint. To"
+            f" disable strict loading, set `strict=False`. Keys in the checkpoint: {sorted(map(str, available))}."
         )
 
 

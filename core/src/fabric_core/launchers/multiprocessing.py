@@ -48,8 +48,8 @@ class MultiProcessingLauncher(Launcher):
         if start_method not in available:
             if start_method == "fork":
                 raise ValueError(
-                    "The start method 'fork' is not available on this platform, so process forking (strategies"
-                    " `ddp_fork` and `ddp_notebook`) is not supported. We recommend `Fabric(strategy='ddp_spawn')`"
+                    "You selected a strategy with the 'fork' start method (such as `Fabric(strategy='ddp_fork')`) but"
+                    " process forking is not supported on this platform. We recommend `Fabric(strategy='ddp_spawn')`"
                     " instead."
                 )
             raise ValueError(
@@ -74,6 +74,7 @@ class MultiProcessingLauncher(Launcher):
         if self.start_method == "fork":
             _check_can_fork()
         else:
+            _check_main_guard(self.start_method)
             _check_picklable(function, self.start_method)
         env = self.strategy.cluster_environment
         if env is not None:
@@ -104,6 +105,17 @@ class MultiProcessingLauncher(Launcher):
         if not output and not results.empty():
             output.append(results.get())
         return _deserialize(output[0]) if output else None
+
+
+def _check_main_guard(start_method: str) -> None:
+    """A spawned child re-imports the main script; without a ``__main__`` guard it would launch again."""
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise RuntimeError(
+            f"Launching multiple processes with the {start_method!r} start method requires that your script guards"
+            ' the main function with an `if __name__ == "__main__"` clause: every new process imports the script,'
+            " and without the guard it would call `fabric.launch()` again. Put the code that creates Fabric and"
+            " launches under that guard."
+        )
 
 
 def _check_picklable(function: Callable[..., Any], start_method: str) -> None:
@@ -142,9 +154,10 @@ def _check_can_fork() -> None:
 
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         raise RuntimeError(
-            "Lightweight forking is not possible: CUDA was already initialised in this process, and CUDA cannot be"
-            " re-initialized in forked subprocesses. Avoid touching CUDA (e.g. `torch.cuda.*`, moving tensors to"
-            " the GPU) before `fabric.launch()`, or use `strategy='ddp_spawn'`."
+            "Cannot re-initialize CUDA in forked subprocess: CUDA was already initialized in this process, and"
+            " forked processes cannot use it. To use CUDA with multiprocessing, you must use the 'spawn' start"
+            " method (`strategy='ddp_spawn'`) or avoid CUDA initialization (`torch.cuda.*`, moving tensors to the"
+            " GPU) before `fabric.launch()`."
         )
 
 

@@ -200,8 +200,13 @@ class ParallelStrategy(Strategy):
         timeout = collective_timeout(self.timeout)
         if timeout is not None:
             kwargs["timeout"] = timeout
-        dist.init_process_group(
-            self.get_process_group_backend(), rank=env.global_rank(), world_size=env.world_size(), **kwargs
+        backend = self.get_process_group_backend()
+        rank, world_size = env.global_rank(), env.world_size()
+        rank_zero.log.info(f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/{world_size}")
+        dist.init_process_group(backend, rank=rank, world_size=world_size, **kwargs)
+        rank_zero.rank_zero_info(
+            f"{'-' * 100}\ndistributed_backend={backend}\nAll distributed processes registered."
+            f" Starting with {world_size} processes\n{'-' * 100}\n"
         )
         self._owns_process_group = True
         release_at_exit()  # a gloo group alive at interpreter exit can turn a successful run into exit 134

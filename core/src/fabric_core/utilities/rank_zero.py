@@ -57,6 +57,14 @@ class PossibleUserWarning(UserWarning):
     """A warning about something that is probably, but not certainly, a mistake."""
 
 
+def rank_prefixed_message(message: str) -> str:
+    """``"[rank: R] message"`` when this process knows it is one rank of several (a rank variable is set or a
+    strategy told it its rank), else the message alone, as a plain single process shows it."""
+    if any(key in os.environ for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")):
+        return f"[rank: {_RankHolder.rank}] {message}"
+    return message
+
+
 def rank_zero_warn(message: str, category: type[Warning] = UserWarning, stacklevel: int = 3) -> None:
     if _RankHolder.rank == 0:
         warnings.warn(message, category, stacklevel=stacklevel)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from fabric_core.utilities.rank_zero import get_rank, rank_zero_warn
+from fabric_core.utilities.rank_zero import get_rank, rank_prefixed_message, rank_zero_warn
 
 __all__ = ["seed_everything", "reset_seed", "worker_init_function"]
 
@@ -67,7 +67,7 @@ def seed_everything(seed: Any = None, workers: bool = False, verbose: bool = Tru
         raise ValueError(f"{seed} is not in bounds, numpy accepts from {_MIN_SEED} to {_MAX_SEED}")
 
     if verbose:
-        log.info(f"[rank: {get_rank()}] Seed set to {seed}")
+        log.info(rank_prefixed_message(f"Seed set to {seed}"))
 
     os.environ[_SEED_ENV] = str(seed)
     os.environ[_WORKERS_ENV] = f"{int(bool(workers))}"

@@ -11,11 +11,13 @@ from torch.nn import Module
 from torch.optim import LBFGS, Optimizer
 
 from fabric_core.precision.base import Precision
-from fabric_core.utilities.apply import apply_to_collection
 from fabric_core.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 _DTYPES = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
-_CPU_FALLBACK_WARNING = "AMP with fp16 is not supported on CPU. Using `precision='bf16-mixed'` instead."
+_CPU_FALLBACK_WARNING = (
+    "You passed `Fabric(accelerator='cpu', precision='16-mixed')` but AMP with fp16 is not supported on CPU."
+    " Using `precision='bf16-mixed'` instead."
+)
 
 
 class MixedPrecision(Precision):
@@ -23,9 +25,9 @@ class MixedPrecision(Precision):
     matrix multiplications and convolutions inside the forward pass run in float16 or bfloat16.
 
     * ``forward_context`` is ``torch.autocast(device_type, dtype)``; it is also what ``fabric.autocast()``
-      returns. Inputs are left as they are (autocast casts them per operation, so operations autocast keeps
-      in float32 see full-precision inputs); floating outputs of the wrapped model are cast back to
-      ``torch.get_default_dtype()``.
+      returns. Floating-point inputs of the wrapped model are cast to the autocast dtype before ``forward``
+      (as the well-known implementation does), and its floating outputs back to ``torch.get_default_dtype()``;
+      integer and boolean tensors are left alone.
     * ``16-mixed`` keeps a ``torch.amp.GradScaler``: ``fabric.backward`` scales the loss, gradient clipping
       unscales first (once per optimizer and step), and ``optimizer.step()`` unscales, skips the step when a
       gradient is inf/NaN, and updates the scale. The scaler's state is saved with ``fabric.save`` and
@@ -55,7 +57,7 @@ class MixedPrecision(Precision):
     ) -> None:
         if precision not in _DTYPES:
             raise ValueError(
-                f"`MixedPrecision(precision={precision!r})` is not supported. Choose one of {sorted(_DTYPES)}."
+                f"Passed `MixedPrecision(precision={precision!r})`. Precision must be '16-mixed' or 'bf16-mixed'."
             )
         if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
             raise TypeError(f"`scaler` must be a `torch.amp.GradScaler`, got {type(scaler).__name__}.")
@@ -124,16 +126,10 @@ class MixedPrecision(Precision):
             )
         return torch.autocast(self._device, dtype=self.dtype)
 
-    def convert_input(self, data: Any) -> Any:
-        return data  # autocast casts per operation; float32-only operations keep full-precision inputs
-
-    def convert_output(self, data: Any) -> Any:
-        dtype = torch.get_default_dtype()
-
-        def cast(t: Tensor) -> Tensor:
-            return t.to(dtype) if torch.is_floating_point(t) and t.dtype != dtype else t
-
-        return apply_to_collection(data, Tensor, cast)
+    @property
+    def input_dtype(self) -> torch.dtype:  # type: ignore[override]
+        """Floating inputs of the model are cast to the autocast dtype (it follows the CPU fallback)."""
+        return self.dtype
 
     # ---------------------------------------------------------------------------------------- backward / step
     def pre_backward(self, tensor: Tensor, module: Module | None) -> Tensor:

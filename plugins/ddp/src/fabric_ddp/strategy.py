@@ -27,12 +27,12 @@ if TYPE_CHECKING:
     from fabric_core.precision.base import Precision
 
 
-def _reject_mps(accelerator: Accelerator) -> None:
+def _reject_mps(strategy: Strategy, accelerator: Accelerator) -> None:
     if accelerator.device_type == "mps":
         raise ValueError(
-            "You selected a strategy from the DDP family (`ddp`, `ddp_spawn`, `dp`, ...), but these strategies are"
-            " not supported on the MPS accelerator: PyTorch has no process-group backend for MPS. Use"
-            " `Fabric(accelerator='mps', devices=1)` or `accelerator='cpu'`."
+            f"You set `strategy={type(strategy).__name__}` but strategies from the DDP family are not supported on the"
+            " MPS accelerator (PyTorch has no process-group backend for MPS). Either explicitly set"
+            " `accelerator='cpu'` or change the strategy (one MPS device: `Fabric(accelerator='mps', devices=1)`)."
         )
 
 
@@ -89,7 +89,7 @@ class DDPStrategy(ParallelStrategy):
         self._backward_sync = _DDPBackwardSyncControl()
 
     def attach(self, *, accelerator: Accelerator, **kwargs: Any) -> None:
-        _reject_mps(accelerator)
+        _reject_mps(self, accelerator)
         super().attach(accelerator=accelerator, **kwargs)
 
     @property
@@ -135,7 +135,7 @@ class DataParallelStrategy(Strategy):
         self.parallel_devices = parallel_devices
 
     def attach(self, *, accelerator: Accelerator, devices: list[torch.device], **kwargs: Any) -> None:
-        _reject_mps(accelerator)
+        _reject_mps(self, accelerator)
         if accelerator.device_type == "cpu":
             raise ValueError(
                 "`DataParallelStrategy` splits batches over GPUs and cannot run on the CPU. Use"
