@@ -58,7 +58,7 @@ def _kill_while_a_temp_exists(process: subprocess.Popen, folder: Path, signum: i
 def test_a_killed_save_keeps_the_previous_checkpoint_and_the_next_save_removes_its_temp(tmp_path, signum):
     target = tmp_path / "ckpt" / "last.ckpt"
     fabric = Fabric(accelerator="cpu", devices=1)
-    fabric.save(target, {"step": 1, "w": torch.ones(3)})
+    fabric.save(target, {"step": 1, "w": torch.ones(3)}).wait()
     saver = _start_saver(tmp_path, target, step=2)
     _kill_while_a_temp_exists(saver, target.parent, signum)
     assert saver.returncode == -signum
@@ -66,7 +66,7 @@ def test_a_killed_save_keeps_the_previous_checkpoint_and_the_next_save_removes_i
     assert litter and all(name.startswith(".last.ckpt.tmp-") for name in litter)  # the kill left a partial file
     # The target is still a complete checkpoint (the old one, or a finished new one), and load never picks a temp.
     assert fabric.load(target)["step"] in (1, 2)
-    fabric.save(target, {"step": 3, "w": torch.ones(3)})
+    fabric.save(target, {"step": 3, "w": torch.ones(3)}).wait()  # durable and in place: nothing hidden is left
     assert _temps(target.parent) == []
     assert fabric.load(target)["step"] == 3
 

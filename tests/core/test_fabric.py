@@ -957,7 +957,7 @@ def test_save_unwraps_and_applies_filter(tmp_path):
     fabric = Fabric()
     model, optimizer = _trained(fabric)
     state = {"model": model, "optimizer": optimizer, "step": 7, "meta": {"a": 1, "b": 2}}
-    fabric.save(tmp_path / "ckpt.pt", state, filter={"model": lambda k, v: "bias" not in k, "meta": lambda k, v: False})
+    fabric.save(tmp_path / "ckpt.pt", state, filter={"model": lambda k, v: "bias" not in k, "meta": lambda k, v: False}).wait()  # durable at the path before reading it directly
     raw = torch.load(tmp_path / "ckpt.pt", weights_only=True)
     assert set(raw) == {"model", "optimizer", "step"}  # a filter that keeps nothing drops the key
     assert list(raw["model"]) == ["weight"]  # no wrapper prefixes, bias filtered out

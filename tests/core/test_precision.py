@@ -210,7 +210,7 @@ def test_precision_plugin_is_configured_and_checkpointed(tmp_path):
     assert precision.device_type == "cpu"
     model = fabric.setup(nn.Linear(1, 1))
     precision.scale = 128.0
-    fabric.save(tmp_path / "ckpt.pt", {"model": model})
+    fabric.save(tmp_path / "ckpt.pt", {"model": model}).wait()  # durable at the path before reading it directly
     raw = torch.load(tmp_path / "ckpt.pt", weights_only=True)
     assert raw[PRECISION_STATE_KEY] == {"scale": 128.0}
     precision.scale = 1.0
@@ -222,5 +222,5 @@ def test_precision_plugin_is_configured_and_checkpointed(tmp_path):
 
 def test_no_precision_entry_for_stateless_precisions(tmp_path):
     fabric = Fabric(precision="64-true")
-    fabric.save(tmp_path / "ckpt.pt", {"model": fabric.setup(nn.Linear(1, 1))})
+    fabric.save(tmp_path / "ckpt.pt", {"model": fabric.setup(nn.Linear(1, 1))}).wait()  # durable at the path before reading it directly
     assert set(torch.load(tmp_path / "ckpt.pt", weights_only=True)) == {"model"}

@@ -23,6 +23,9 @@ from torch.utils.data import DataLoader
 
 from fabric_core import connector, wrappers
 from fabric_core.accelerators.base import Accelerator
+from fabric_core.io import background
+from fabric_core.io.background import CheckpointHandle
+from fabric_core.io.retention import prune, series_pattern
 from fabric_core.io.state import is_stateful
 from fabric_core.loggers.base import Logger
 from fabric_core.strategies.base import Strategy
@@ -529,8 +532,31 @@ class Fabric:
         self._strategy.barrier("rank_zero_first:after")
 
     # ------------------------------------------------------------------------------------------------ checkpoints
-    def save(self, path: str | Path, state: dict[str, Any], filter: dict[str, Callable[[str, Any], bool]] | None = None) -> None:
-        """Save ``state`` (models, optimizers, anything with ``state_dict``, plain values) crash-safely."""
+    def save(
+        self,
+        path: str | Path,
+        state: dict[str, Any],
+        filter: dict[str, Callable[[str, Any], bool]] | None = None,
+        *,
+        async_save: bool = False,
+        keep_last: int | None = None,
+    ) -> CheckpointHandle | None:
+        """Save ``state`` (models, optimizers, anything with ``state_dict``, plain values) crash-safely.
+
+        ``path`` is a local path or a URL (``s3://``, ``gs://``, ``memory://``, ... through fsspec). The call returns
+        once the state is written; making it durable and replacing the previous checkpoint finish in the background
+        (a later save or load of the path, and interpreter exit, wait for that; an error there is raised by the next
+        save, load or ``handle.wait()``).
+
+        Args:
+            async_save: return as soon as a snapshot of the state is taken (a CPU copy of its tensors, reused by the
+                next asynchronous save); writing runs in the background while training changes the live objects.
+
+        Returns a handle whose ``wait()`` blocks until the checkpoint is durable at ``path`` (the reference returns
+        ``None``); reading the file with other tools before that may still show the previous checkpoint.
+            keep_last: keep only the newest ``keep_last`` checkpoints of the series ``path`` belongs to (the entries
+                beside it whose names differ only in their numbers, e.g. ``step-*.ckpt``), once this one is durable.
+        """
         if not isinstance(state, Mapping):
             raise TypeError(
                 f"`fabric.save(path, state)` expects `state` to be a dict of what to save, got a"
@@ -547,9 +573,20 @@ class Fabric:
                 if not callable(fn):
                     raise TypeError(f"Expected `fabric.save(filter=...)` for key {key!r} to be a callable, given {fn!r}")
         self._validate_launched()
-        _refuse_url(path, "save")
-        self._strategy.save_checkpoint(path=path, state=unwrap_objects(state), filter=filter)
+        if keep_last is not None:  # bad values fail before anything is written
+            if not isinstance(keep_last, int) or isinstance(keep_last, bool) or keep_last < 1:
+                raise ValueError(f"`keep_last` must be a positive integer, got {keep_last!r}.")
+            series_pattern(Path(str(path).rstrip("/")).name)
+        background.raise_failures()  # an earlier save that failed in the background is reported now, not lost
+        handle = None
+        if async_save:
+            handle = self._strategy.save_checkpoint_async(path=path, state=unwrap_objects(state), filter=filter)
+        else:
+            self._strategy.save_checkpoint(path=path, state=unwrap_objects(state), filter=filter)
+        if keep_last is not None and self.is_global_zero:
+            background.submit(path, partial(prune, path, keep_last))  # after this save's commit: work runs in order
         self._strategy.barrier()
+        return handle if handle is not None else background.handle(path)
 
     def load(
         self, path: str | Path, state: dict[str, Any] | None = None, strict: bool = True, *, weights_only: bool | None = None
@@ -560,7 +597,9 @@ class Fabric:
         checkpoint that holds arbitrary Python objects.
         """
         self._validate_launched()
-        _refuse_url(path, "load")
+        background.wait(path)  # a save of this path still finishing here lands first
+        if self.world_size > 1:
+            self._strategy.barrier()  # ... and on every rank: rank 0 may still have been committing it
         if state is not None and not isinstance(state, Mapping):
             raise TypeError(
                 f"`fabric.load(path, state)` expects `state` to be a dict of the objects to restore, got a"
@@ -578,7 +617,7 @@ class Fabric:
 
     def load_raw(self, path: str | Path, obj: Module | Optimizer, strict: bool = True, *, weights_only: bool | None = None) -> None:
         """Load a plain PyTorch checkpoint (a state dict) into a module or optimizer."""
-        _refuse_url(path, "load_raw")
+        background.wait(path)
         obj = unwrap_objects(obj)
         if isinstance(obj, Module):
             obj = self._strategy.unwrap_module(obj)
@@ -665,14 +704,3 @@ def _callback_complaint(item: Any) -> str | None:
     if isinstance(item, (str, bytes, int, float, bool, dict)) or item is None:
         return "a callback is an object whose methods `fabric.call(name, ...)` invokes by name."
     return None
-
-
-def _refuse_url(path: Any, method: str) -> None:
-    """A URL would otherwise be taken as a relative local path (``s3:`` becomes a folder): refuse it clearly."""
-    text = str(path)
-    scheme, sep, _ = text.partition("://")
-    if sep and scheme and scheme.replace("+", "").replace("-", "").isalnum():
-        raise ValueError(
-            f"`fabric.{method}({text!r}, ...)`: remote storage URLs ({scheme}://) are not supported; only local"
-            " paths are. Save to a local path and copy the file, or mount the storage as a local folder."
-        )

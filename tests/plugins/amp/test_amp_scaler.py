@@ -203,7 +203,7 @@ def test_scaler_state_round_trips_through_save_and_load(tmp_path):
     assert saved_state["scale"] == 512.0 and saved_state["_growth_tracker"] == 1
 
     path = tmp_path / "ckpt.pt"
-    fabric.save(path, {"model": model, "optimizer": optimizer, "step": 2})
+    fabric.save(path, {"model": model, "optimizer": optimizer, "step": 2}).wait()  # durable before reading directly
     raw = torch.load(path, weights_only=True)
     assert raw[PRECISION_STATE_KEY] == saved_state
 
@@ -229,7 +229,7 @@ def test_bf16_checkpoints_have_no_scaler_state_and_ignore_one(tmp_path):
     fabric = Fabric(accelerator="cpu", precision="bf16-mixed")
     model = fabric.setup(_model())
     path = tmp_path / "bf16.pt"
-    fabric.save(path, {"model": model})
+    fabric.save(path, {"model": model}).wait()
     assert PRECISION_STATE_KEY not in torch.load(path, weights_only=True)
 
     fp16, _, fp16_model, _, _, _ = _setup()

@@ -15,15 +15,17 @@ from __future__ import annotations
 import errno
 import os
 import pickle
-import zipfile
 import shutil
 import tempfile
+import zipfile
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from fabric_core.io import background, remote
+from fabric_core.io.background import CheckpointHandle
 from fabric_core.io.commit import fsync_directory, remove_leftovers, temp_prefix
 
 try:
@@ -141,7 +143,81 @@ class _WritebackFile:
         self._raw.flush()
 
 
-def atomic_save(obj: Any, path: _PathLike) -> None:
+def _no_space(cause: BaseException | None) -> bool:
+    return isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _no_space_error(target: Path, cause: OSError) -> OSError:
+    return OSError(
+        cause.errno,
+        f"No space left to save the checkpoint {str(target)!r} ({os.strerror(cause.errno or errno.ENOSPC)}). Nothing"
+        " was changed: the previous checkpoint at that path, if any, is intact and the partial file was removed."
+        " Free some space or save elsewhere.",
+    )
+
+
+class _WrittenTemp:
+    """A checkpoint serialised into its temporary file (locked, not yet durable): commit it or discard it."""
+
+    def __init__(self, file: Any, name: str, target: Path) -> None:
+        self.file = file
+        self.name = name
+        self.target = target
+
+    def commit(self) -> None:
+        """fsync the file, rename it over the target, sync the folder; on any failure remove it (target untouched)."""
+        try:
+            os.fsync(self.file.fileno())
+            os.chmod(self.name, _default_file_mode())
+            os.replace(self.name, self.target)  # the old checkpoint is dropped only now, after the new one is durable
+            self.file.close()  # releases the writer lock
+        except BaseException as err:
+            self.discard()
+            if _no_space(err):
+                raise _no_space_error(self.target, err) from err  # type: ignore[arg-type]
+            raise
+        fsync_directory(self.target.parent)
+
+    def discard(self) -> None:
+        try:
+            self.file.close()
+        except OSError:
+            pass
+        try:
+            os.unlink(self.name)
+        except FileNotFoundError:
+            pass
+
+
+def _write_temp(obj: Any, target: Path) -> _WrittenTemp:
+    """``torch.save`` into a fresh locked temporary file beside ``target``: what the caller must wait for."""
+    if target.is_dir():
+        raise IsADirectoryError(f"Cannot save a checkpoint to {str(target)!r}: it is an existing directory.")
+    parent = target.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    remove_leftovers(target)
+    fd, tmp_name = tempfile.mkstemp(prefix=temp_prefix(target), dir=parent)
+    tmp_file = os.fdopen(fd, "wb")
+    written = _WrittenTemp(tmp_file, tmp_name, target)
+    writer: _WritebackFile | None = None
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # marks the file as being written (see commit.py)
+        sync_file_range = _load_sync_file_range()
+        writer = _WritebackFile(tmp_file, sync_file_range)
+        torch.save(obj, writer if sync_file_range else tmp_file)
+        tmp_file.flush()
+    except BaseException as err:
+        # BaseException on purpose: Ctrl-C mid-save must not leave a multi-GB temporary file behind.
+        written.discard()
+        cause = writer.error if writer is not None and writer.error is not None else err
+        if _no_space(cause):
+            raise _no_space_error(target, cause) from err  # type: ignore[arg-type]
+        raise
+    return written
+
+
+def atomic_save(obj: Any, path: _PathLike, *, durable_in_background: bool = False) -> CheckpointHandle | None:
     """``torch.save(obj, path)``, but a reader sees either the old file or the complete new one, never a torso.
 
     The data is streamed straight into ``.<name>.tmp-<host>-<pid>-XXXX`` in the target's folder (the same
@@ -151,45 +227,20 @@ def atomic_save(obj: Any, path: _PathLike) -> None:
     the exception propagates; ``path`` is untouched. What a killed save left is removed by the next save of the
     same path (see :mod:`fabric_core.io.commit`).
 
+    With ``durable_in_background=True`` this returns once the file is written (what ``torch.save`` costs); the
+    fsync, the rename and the folder sync finish in the background (:mod:`fabric_core.io.background`), and the
+    returned handle's ``wait()`` waits for them. A save or load of the same path waits for them first.
+
     Processes that memory-mapped the old file keep a valid view of it: the rename swaps the directory entry, it
     does not modify the old file's contents.
     """
     target = Path(os.fspath(path))
-    if target.is_dir():
-        raise IsADirectoryError(f"Cannot save a checkpoint to {str(target)!r}: it is an existing directory.")
-    parent = target.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    remove_leftovers(target)
-
-    fd, tmp_name = tempfile.mkstemp(prefix=temp_prefix(target), dir=parent)
-    writer: _WritebackFile | None = None
-    try:
-        if fcntl is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # marks the file as being written (see commit.py)
-        with os.fdopen(fd, "wb") as tmp_file:
-            sync_file_range = _load_sync_file_range()
-            writer = _WritebackFile(tmp_file, sync_file_range)
-            torch.save(obj, writer if sync_file_range else tmp_file)
-            tmp_file.flush()
-            os.fsync(tmp_file.fileno())
-            os.chmod(tmp_name, _default_file_mode())
-            os.replace(tmp_name, target)
-    except BaseException as err:
-        # BaseException on purpose: Ctrl-C mid-save must not leave a multi-GB temporary file behind.
-        try:
-            os.unlink(tmp_name)
-        except FileNotFoundError:
-            pass
-        cause = writer.error if writer is not None and writer.error is not None else err
-        if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-            raise OSError(
-                cause.errno,
-                f"No space left to save the checkpoint {str(target)!r} ({os.strerror(cause.errno)}). Nothing was"
-                " changed: the previous checkpoint at that path, if any, is intact and the partial file was removed."
-                " Free some space or save elsewhere.",
-            ) from err
-        raise
-    fsync_directory(parent)
+    background.wait(target)  # an earlier save of this path must land first (and its error surfaces here)
+    written = _write_temp(obj, target)
+    if durable_in_background:
+        return background.submit(target, written.commit)
+    written.commit()
+    return None
 
 
 _UNSAFE_LOAD_HINT = (
@@ -225,19 +276,41 @@ def _not_a_checkpoint(path: str, err: BaseException) -> str:
 
 
 class TorchCheckpointIO(CheckpointIO):
-    """Local-file checkpoints via :func:`torch.save` / :func:`torch.load`, crash-safe on save, safe on load."""
+    """Local-file checkpoints via :func:`torch.save` / :func:`torch.load`, crash-safe on save, safe on load.
+
+    Args:
+        durable_in_background: return from :meth:`save_checkpoint` once the file is written, and finish making it
+            durable and moving it into place in the background (see :func:`atomic_save`). The strategies' default
+            checkpoint I/O does (so ``fabric.save`` costs what ``torch.save`` costs); constructed by hand, it saves
+            synchronously unless asked.
+    """
+
+    def __init__(self, durable_in_background: bool = False) -> None:
+        self.durable_in_background = durable_in_background
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: _PathLike, storage_options: Any | None = None
     ) -> None:
-        """Atomically write ``checkpoint`` to ``path``, creating parent folders; see :func:`atomic_save`."""
+        """Write ``checkpoint`` to ``path`` crash-safely (see :func:`atomic_save`), or to a URL through fsspec.
+
+        With ``durable_in_background`` a local save returns once the file is written; it becomes durable and
+        replaces the previous checkpoint in the background (a later save or load of the path waits for that, and so
+        does interpreter exit).
+        ``storage_options`` are fsspec's options for a URL (credentials, endpoint); a local path takes none.
+        """
+        if remote.is_url(path):
+            background.wait(path)
+            remote.save(checkpoint, str(path), storage_options)
+            return
         if storage_options is not None:
             raise TypeError(
-                "TorchCheckpointIO.save_checkpoint() takes no storage options: it writes a local file with "
-                f"torch.save. Got storage_options={storage_options!r}. Use a CheckpointIO plugin that understands "
-                "storage options, or pass storage_options=None."
+                "`save_checkpoint(..., storage_options=...)` with `storage_options` arg is not supported for"
+                f" `TorchCheckpointIO` when saving to a local path: it takes no storage options there (got"
+                f" {storage_options!r}); they are fsspec options for URLs such as 's3://bucket/ckpt'. Drop them, or"
+                " implement your own `CheckpointIO`."
             )
-        atomic_save(checkpoint, path)
+        durable_later = self.durable_in_background and not background.in_worker()
+        atomic_save(checkpoint, remote.local_path(path), durable_in_background=durable_later)
 
     def load_checkpoint(
         self,
@@ -259,7 +332,11 @@ class TorchCheckpointIO(CheckpointIO):
                 since torch 1.6; legacy files are read without mapping. The returned CPU tensors are backed by the
                 file; atomic saves replace the file rather than rewriting it, so they stay valid.
         """
-        fspath = os.fspath(path)
+        if remote.is_url(path):
+            background.wait(path)
+            return remote.load(str(path), map_location, True if weights_only is None else bool(weights_only))
+        fspath = os.fspath(remote.local_path(path))
+        background.wait(fspath)  # a save of this path still finishing in the background lands first
         if os.path.isdir(fspath):
             raise IsADirectoryError(
                 f"Cannot load checkpoint {fspath!r}: it is a directory, not a file. This is probably a sharded "
@@ -293,7 +370,11 @@ class TorchCheckpointIO(CheckpointIO):
 
     def remove_checkpoint(self, path: _PathLike) -> None:
         """Delete a checkpoint file, or a whole checkpoint directory (sharded checkpoints); missing is fine."""
-        fspath = os.fspath(path)
+        if remote.is_url(path):
+            remote.remove(str(path))
+            return
+        fspath = os.fspath(remote.local_path(path))
+        background.wait(fspath)
         if os.path.islink(fspath) or os.path.isfile(fspath):
             os.unlink(fspath)
         elif os.path.isdir(fspath):

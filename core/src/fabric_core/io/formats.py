@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from fabric_core.io import remote
+
 if TYPE_CHECKING:
     from fabric_core.io.checkpoint_io import CheckpointIO
 
@@ -35,8 +37,10 @@ def read_file(checkpoint_io: CheckpointIO, path: str | os.PathLike, weights_only
     """Read a single checkpoint file, memory-mapped when the file format allows it.
 
     Mapping means tensors are paged in only as ``load_state_dict`` copies them, so loading needs no second full
-    copy in RAM. Files in torch's legacy format cannot be mapped and are read normally.
+    copy in RAM. Files in torch's legacy format cannot be mapped and are read normally, and so are URLs.
     """
+    if remote.is_url(path):
+        return checkpoint_io.load_checkpoint(path, weights_only=weights_only)
     try:
         return checkpoint_io.load_checkpoint(path, weights_only=weights_only, mmap=True)
     except RuntimeError as err:
@@ -52,7 +56,14 @@ def read_checkpoint(
     weights_only: bool | None = None,
 ) -> Any:
     """Read the checkpoint at ``path``: a file with ``checkpoint_io``, a directory with its format's reader."""
-    path = Path(path)
+    if remote.is_url(path):
+        if not remote.isdir(str(path)):
+            return read_file(checkpoint_io, path, weights_only=weights_only)
+        reader = find_reader(path) if find_reader is not None else None  # type: ignore[arg-type]
+        if reader is None:
+            raise ValueError(f"{path!r} is a folder, but no installed plugin recognises it as a checkpoint.")
+        return reader(path, map_location="cpu", weights_only=weights_only)  # type: ignore[arg-type]
+    path = Path(remote.local_path(path))
     if path.is_dir():
         reader = find_reader(path) if find_reader is not None else None
         if reader is None:

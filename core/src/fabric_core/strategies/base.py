@@ -24,7 +24,10 @@ from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
 
+from fabric_core.io import background
+from fabric_core.io.background import CheckpointHandle
 from fabric_core.io.formats import read_checkpoint
+from fabric_core.io.snapshot import SnapshotBuffers
 from fabric_core.io.state import PRECISION_STATE_KEY, Filter, restore_state, state_to_save
 from fabric_core.precision.base import Precision
 from fabric_core.utilities.apply import move_data_to_device
@@ -96,6 +99,7 @@ class Strategy(ABC):
         self.cluster_environment: ClusterEnvironment | None = None
         self._num_nodes = 1
         self._find_checkpoint_reader: FindReader | None = None
+        self._snapshot_buffers = SnapshotBuffers()
 
     # ---------------------------------------------------------------------------------------- wiring
     def attach(
@@ -144,7 +148,7 @@ class Strategy(ABC):
         if self.configured_checkpoint_io is None:
             from fabric_core.io.checkpoint_io import TorchCheckpointIO
 
-            self.configured_checkpoint_io = TorchCheckpointIO()
+            self.configured_checkpoint_io = TorchCheckpointIO(durable_in_background=True)
         return self.configured_checkpoint_io
 
     @checkpoint_io.setter
@@ -361,6 +365,34 @@ class Strategy(ABC):
         converted = self.convert_state(state, filter)
         if self.is_global_zero:
             self.checkpoint_io.save_checkpoint(converted, path, storage_options=storage_options)
+
+    def save_checkpoint_async(
+        self,
+        path: str | Path,
+        state: dict[str, Any],
+        storage_options: Any | None = None,
+        filter: Filter | None = None,
+    ) -> CheckpointHandle:
+        """Snapshot ``state`` now and write it in the background from global rank 0; returns the save's handle.
+
+        The conversion to state dicts runs here, on every rank (a strategy that gathers shards needs all of them);
+        rank 0 copies the result into reusable CPU buffers (:mod:`fabric_core.io.snapshot`) and hands the write
+        to the background thread (:mod:`fabric_core.io.background`). Sharded strategies override this with their
+        own asynchronous format.
+        """
+        converted = self.convert_state(state, filter)
+        if not self.is_global_zero:
+            return background.completed(path)
+        snapshot, release = self._snapshot_buffers.take(converted)
+        del converted
+
+        def write() -> None:
+            try:
+                self.checkpoint_io.save_checkpoint(snapshot, path, storage_options=storage_options)
+            finally:
+                release()
+
+        return background.submit(path, write)
 
     def read_checkpoint(self, path: str | Path, weights_only: bool | None = None) -> dict[str, Any]:
         """Read a whole checkpoint into a dict: a file memory-mapped, a directory through its format's reader."""

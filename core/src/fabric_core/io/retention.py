@@ -1,0 +1,81 @@
+"""Keeping the last K checkpoints of a numbered series (``step-100.ckpt``, ``step-200.ckpt``, ...).
+
+A series is the entries beside the newest checkpoint whose names match its name with every run of digits replaced
+by ``*`` (``step-*.ckpt``), ordered by those numbers. Pruning runs only after the new checkpoint is committed and
+durable, on global rank 0, and removes the oldest first; each entry is renamed aside to a hidden name (atomic) before
+it is deleted, so a kill never leaves a half-deleted checkpoint under a real name, only a hidden leftover that the
+next prune removes. The newest entries are never touched, so at every moment at least the last K complete
+checkpoints exist.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from fabric_core.io import remote
+from fabric_core.io.commit import OLD_MARK, is_temporary, leftovers, new_temp_path, remove_path
+
+_DIGITS = re.compile(r"\d+")
+
+
+def series_pattern(name: str) -> str:
+    """``step-000100.ckpt`` -> ``step-*.ckpt``; a name without digits has no series."""
+    if not _DIGITS.search(name):
+        raise ValueError(
+            f"`keep_last` keeps the newest checkpoints of a numbered series, but {name!r} has no number in it. Name"
+            " each checkpoint after its step or epoch, e.g. `fabric.save(f'ckpts/step-{step}.ckpt', ...)`."
+        )
+    return _DIGITS.sub("*", name)
+
+
+def _order(name: str) -> tuple[int, ...]:
+    return tuple(int(n) for n in _DIGITS.findall(name))
+
+
+def prune(newest: Any, keep_last: int) -> list[str]:
+    """Remove all but the ``keep_last`` newest checkpoints of ``newest``'s series; returns what was removed."""
+    if not isinstance(keep_last, int) or isinstance(keep_last, bool) or keep_last < 1:
+        raise ValueError(f"`keep_last` must be a positive integer, got {keep_last!r}.")
+    if remote.is_url(newest):
+        return _prune_remote(str(newest), keep_last)
+    newest = Path(remote.local_path(newest))
+    pattern = series_pattern(newest.name)
+    folder = newest.parent
+    members = sorted(
+        (p for p in folder.iterdir() if fnmatch.fnmatchcase(p.name, pattern) and not is_temporary(p)),
+        key=lambda p: _order(p.name),
+    )
+    removed = []
+    for entry in members[: max(0, len(members) - keep_last)]:
+        if entry == newest:
+            continue
+        aside = new_temp_path(entry, OLD_MARK)
+        os.rename(entry, aside)  # gone from its name at once; deleting a big tree below may take a while
+        remove_path(aside)
+        removed.append(entry.name)
+    for member in members:  # set-aside entries of killed prunes
+        for leftover in leftovers(member):
+            if OLD_MARK in leftover.name:
+                remove_path(leftover)
+    return removed
+
+
+def _prune_remote(newest: str, keep_last: int) -> list[str]:
+    fs, path = remote.filesystem(newest)
+    parent, _, name = path.rstrip("/").rpartition("/")
+    pattern = series_pattern(name)
+    members = sorted(
+        (p.rstrip("/").rpartition("/")[2] for p in fs.ls(parent, detail=False)),
+        key=_order,
+    )
+    members = [m for m in members if fnmatch.fnmatchcase(m, pattern) and not m.startswith(".")]
+    removed = []
+    for member in members[: max(0, len(members) - keep_last)]:
+        if member != name:
+            fs.rm(f"{parent}/{member}", recursive=True)
+            removed.append(member)
+    return removed
