@@ -200,13 +200,13 @@ def test_num_nodes_must_be_a_positive_int(num_nodes):
 
 @pytest.mark.parametrize("devices", [0, "0", []])
 def test_zero_devices_are_invalid(devices):
-    with pytest.raises(ValueError, match="is not a valid input using the cpu accelerator"):
+    with pytest.raises(ValueError, match="value is not a valid input using cpu accelerator"):
         Fabric(accelerator="cpu", devices=devices)
 
 
 @pytest.mark.parametrize("devices", [-1, "-1", [0], [0, 1], None, "two"])
 def test_cpu_devices_must_be_a_count(devices):
-    with pytest.raises(TypeError, match="CPU accelerator"):
+    with pytest.raises(TypeError, match="`devices` selected with `CPUAccelerator` should be an int > 0."):
         Fabric(accelerator="cpu", devices=devices)
 
 

@@ -244,6 +244,16 @@ def _resolve_precision(
     return answer
 
 
+def _check_devices_requested(devices: Any, accelerator: Any) -> None:
+    """``devices`` of ``0``/``"0"``/``[]`` is refused before the accelerator is looked at (as the reference does),
+    so the error is about ``devices`` even where the accelerator is not available."""
+    from fabric_core.accelerators.base import Accelerator, no_devices_message, requests_no_devices
+
+    if requests_no_devices(devices):
+        name = type(accelerator).__qualname__ if isinstance(accelerator, Accelerator) else accelerator
+        raise ValueError(no_devices_message(devices, name))
+
+
 def resolve(
     *,
     accelerator: Any,
@@ -272,6 +282,7 @@ def resolve(
         _check_strategy_instance(strategy_obj, accelerator, user)
         accelerator = strategy_obj.accelerator or accelerator
 
+    _check_devices_requested(devices, accelerator)
     accelerator_obj = resolve_accelerator(registry, accelerator)
     device_list = accelerator_obj.parse_devices(devices)
     environment = (
