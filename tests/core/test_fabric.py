@@ -128,7 +128,7 @@ def test_invalid_accelerator_name_lists_names_and_suggests_closest(name, suggest
         Fabric(accelerator=name)
     message = str(err.value)
     assert f"Did you mean {suggestion!r}?" in message
-    assert "Available names are: cpu, cuda, mps" in message
+    assert "Available names are: auto, cpu, cuda, mps" in message
 
 
 def test_invalid_strategy_name_suggests_closest():
@@ -226,7 +226,7 @@ def test_several_cpu_devices_need_a_parallel_strategy_plugin(devices, install_hi
 
 
 def test_plugins_validation():
-    with pytest.raises(ValueError, match="Received both `precision='64-true'` and `plugins="):
+    with pytest.raises(ValueError, match="Received both `precision=64-true` and `plugins="):
         Fabric(precision="64-true", plugins=DoublePrecision())
     with pytest.raises(ValueError, match="Received multiple values for Precision flags in `plugins`"):
         Fabric(plugins=[DoublePrecision(), Precision()])

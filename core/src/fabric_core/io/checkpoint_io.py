@@ -232,10 +232,12 @@ class TorchCheckpointIO(CheckpointIO):
     ) -> None:
         """Atomically write ``checkpoint`` to ``path``, creating parent folders; see :func:`atomic_save`."""
         if storage_options is not None:
+            name = type(self).__name__
             raise TypeError(
-                "TorchCheckpointIO.save_checkpoint() takes no storage options: it writes a local file with "
-                f"torch.save. Got storage_options={storage_options!r}. Use a CheckpointIO plugin that understands "
-                "storage options, or pass storage_options=None."
+                f"`{name}.save_checkpoint(..., storage_options=...)` with `storage_options` arg is not supported for"
+                f" `{name}`: it writes a local file with torch.save (got storage_options={storage_options!r})."
+                " Please implement your custom `CheckpointIO` to define how you'd like to use `storage_options`,"
+                " or pass storage_options=None."
             )
         atomic_save(checkpoint, path)
 
