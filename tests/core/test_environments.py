@@ -17,6 +17,7 @@ from fabric_core.environments import (
     BUILTIN_ENVIRONMENTS,
     ClusterEnvironment,
     KubeflowEnvironment,
+    LightningEnvironment,
     LSFEnvironment,
     MissingEnvironmentVariable,
     MPIEnvironment,
@@ -33,7 +34,7 @@ from fabric_core.utilities import rank_zero
 # Every variable any environment reads; cleared before each test so the host machine cannot influence results.
 _ALL_VARS = (
     "LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID",
+    "STANDALONE_PORT", "TORCHELASTIC_RUN_ID",
     "SLURM_NTASKS", "SLURM_JOB_NAME", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NODELIST",
     "SLURM_JOB_ID", "SLURM_NTASKS_PER_NODE", "SLURM_NNODES",
     "LSB_JOBID", "LSB_DJOB_RANKFILE", "JSM_NAMESPACE_LOCAL_RANK", "JSM_NAMESPACE_SIZE", "JSM_NAMESPACE_RANK",
@@ -209,6 +210,34 @@ def test_plain_free_port_is_cached(monkeypatch):
     assert env.main_port == 40001
     assert len(calls) == 1
     assert "MASTER_PORT" not in os.environ
+
+
+def test_lightning_environment_is_the_plain_one():
+    # The reference's name for the fallback: the same class, so isinstance checks with either name agree.
+    assert LightningEnvironment is PlainEnvironment
+    assert isinstance(select_environment(BUILTIN_ENVIRONMENTS), LightningEnvironment)
+    assert "LightningEnvironment" in envs.__all__
+
+
+def test_plain_port_standalone_then_free(monkeypatch):
+    monkeypatch.setattr("fabric_core.environments.base.socket.socket", None)  # no probing when it is pinned
+    _setenv(monkeypatch, STANDALONE_PORT=12345)
+    assert find_free_port() == 12345
+    assert PlainEnvironment().main_port == 12345
+    _setenv(monkeypatch, MASTER_PORT=2222)
+    assert PlainEnvironment().main_port == 2222  # MASTER_PORT wins over STANDALONE_PORT
+    _setenv(monkeypatch, MASTER_PORT="", STANDALONE_PORT="port")
+    with pytest.raises(ValueError, match="`STANDALONE_PORT` must be an integer"):
+        _ = PlainEnvironment().main_port
+
+
+def test_plain_port_is_decided_once(monkeypatch):
+    _setenv(monkeypatch, MASTER_PORT=2222)
+    env = PlainEnvironment()
+    assert env.main_port == 2222
+    _setenv(monkeypatch, MASTER_PORT=3333)  # e.g. a launcher exporting its own value later
+    assert env.main_port == 2222  # every reader of this object keeps seeing the port the job started with
+    assert PlainEnvironment().main_port == 3333
 
 
 def test_plain_reads_master_vars(monkeypatch):
@@ -698,7 +727,7 @@ def _lsf_setup(monkeypatch, tmp_path):
     ("cls", "values"),
     [
         (PlainEnvironment, {}),
-        (PlainEnvironment, {"LOCAL_RANK": 0, "WORLD_SIZE": 2, "RANK": 1}),
+        (PlainEnvironment, {"LOCAL_RANK": 1, "WORLD_SIZE": 2, "RANK": 1}),
         (TorchElasticEnvironment, {"TORCHELASTIC_RUN_ID": "r", "WORLD_SIZE": 2, "RANK": 1, "LOCAL_RANK": 1}),
         (
             SLURMEnvironment,
@@ -773,3 +802,101 @@ def test_a_complete_consistent_set_of_launcher_variables_is_accepted(no_launcher
     no_launcher_variables.delenv("LOCAL_RANK")
     no_launcher_variables.delenv("RANK")
     assert _parallel_fabric(devices=2).world_size == 2
+
+
+# ------------------------------------------------------------------------------------- ranks set by the strategy
+
+
+class ExternalEnvironment(ClusterEnvironment):
+    """A scheduler of the user's that starts every process but only knows the local and node rank."""
+
+    name = "external"
+
+    def __init__(self, local_rank=0, node_rank=0):
+        self._local, self._node = local_rank, node_rank
+        self.world, self.rank = None, None
+
+    creates_processes_externally = True
+    main_address = "127.0.0.1"
+    main_port = 1234
+
+    @classmethod
+    def detect(cls):
+        return False
+
+    def world_size(self):
+        return self.world
+
+    def set_world_size(self, size):
+        self.world = size
+
+    def global_rank(self):
+        return self.rank if self.rank is not None else 0
+
+    def set_global_rank(self, rank):
+        self.rank = rank
+
+    def local_rank(self):
+        return self._local
+
+    def node_rank(self):
+        return self._node
+
+
+def test_an_external_environment_is_told_its_world_size_and_rank(no_launcher_variables):
+    from fabric_core import Fabric
+    from fabric_core.strategies import ParallelStrategy
+
+    env = ExternalEnvironment(local_rank=1, node_rank=1)
+    fabric = Fabric(accelerator="cpu", strategy=ParallelStrategy(), devices=2, num_nodes=2, plugins=[env])
+    assert (env.world, env.rank) == (4, 3)
+    assert (fabric.world_size, fabric.global_rank, fabric.node_rank, fabric.local_rank) == (4, 3, 1, 1)
+    assert fabric.strategy.distributed_sampler_kwargs == {"num_replicas": 4, "rank": 3}
+    assert fabric.strategy.launcher is None  # it started the processes
+    assert rank_zero.get_rank() == 3
+
+
+def test_owning_environments_ignore_the_strategy(no_launcher_variables):
+    from fabric_core import Fabric
+    from fabric_core.strategies import ParallelStrategy
+
+    _setenv(no_launcher_variables, TORCHELASTIC_RUN_ID="r", WORLD_SIZE=4, RANK=2, LOCAL_RANK=0, GROUP_RANK=1)
+    fabric = Fabric(accelerator="cpu", strategy=ParallelStrategy(), devices=2, num_nodes=2)
+    assert type(fabric.strategy.cluster_environment) is TorchElasticEnvironment
+    assert (fabric.world_size, fabric.global_rank) == (4, 2)
+
+
+def test_plain_with_launcher_variables_takes_ranks_from_the_topology(no_launcher_variables):
+    _setenv(no_launcher_variables, LOCAL_RANK=1, NODE_RANK=1, RANK=3, WORLD_SIZE=4, MASTER_PORT=1234)
+    fabric = _parallel_fabric(devices=2, num_nodes=2)
+    assert (fabric.world_size, fabric.global_rank, fabric.node_rank, fabric.local_rank) == (4, 3, 1, 1)
+    assert fabric.strategy.launcher is None
+
+
+def test_plain_refuses_a_rank_the_topology_contradicts(no_launcher_variables):
+    # Rank 3 of 4, but without NODE_RANK this process is node 0: the strategy would make it rank 1.
+    _setenv(no_launcher_variables, LOCAL_RANK=1, RANK=3, WORLD_SIZE=4)
+    with pytest.raises(ValueError, match=r"`RANK=3` is set .* rank 0 \* 2 \+ 1 = 1\. Export NODE_RANK"):
+        _parallel_fabric(devices=2, num_nodes=2)
+    no_launcher_variables.setenv("GROUP_RANK", "1")  # torch's elastic agent name for it is honoured too
+    assert _parallel_fabric(devices=2, num_nodes=2).global_rank == 3
+
+
+@pytest.mark.parametrize("node_rank", [0, 1])
+def test_our_launchers_children_agree_with_the_strategy(no_launcher_variables, node_rank):
+    """Each child the subprocess launcher would start, given its environment, settles on the rank it was given."""
+    no_launcher_variables.setenv("NODE_RANK", str(node_rank))
+    no_launcher_variables.setenv("MASTER_ADDR", "127.0.0.1")
+    parent = _parallel_fabric(devices=3, num_nodes=2)
+    launcher = parent.strategy.launcher
+    assert launcher is not None
+    for local_rank in range(3):
+        child = launcher.child_environment(parent.strategy.cluster_environment, local_rank)
+        for var in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"):
+            no_launcher_variables.setenv(var, child[var])
+        fabric = _parallel_fabric(devices=3, num_nodes=2)  # validates the variables, then sets the ranks
+        assert fabric.global_rank == int(child["RANK"]) == node_rank * 3 + local_rank
+        assert fabric.world_size == int(child["WORLD_SIZE"]) == 6
+        assert fabric.strategy.launcher is None
+        for var in ("LOCAL_RANK", "RANK", "WORLD_SIZE"):
+            no_launcher_variables.delenv(var)

@@ -11,7 +11,7 @@ from fabric_core.environments.base import (
 from fabric_core.environments.kubeflow import KubeflowEnvironment
 from fabric_core.environments.lsf import LSFEnvironment
 from fabric_core.environments.mpi import MPIEnvironment
-from fabric_core.environments.plain import PlainEnvironment
+from fabric_core.environments.plain import LightningEnvironment, PlainEnvironment
 from fabric_core.environments.slurm import SLURMEnvironment, parse_slurm_nodelist
 from fabric_core.environments.torchelastic import TorchElasticEnvironment
 
@@ -30,6 +30,7 @@ __all__ = [
     "ClusterEnvironment",
     "KubeflowEnvironment",
     "LSFEnvironment",
+    "LightningEnvironment",
     "MPIEnvironment",
     "MissingEnvironmentVariable",
     "PlainEnvironment",

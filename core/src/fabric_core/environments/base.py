@@ -66,11 +66,14 @@ def env_str(name: str, hint: str = "") -> str:
 
 
 def find_free_port() -> int:
-    """Ask the OS for a TCP port that is free right now.
+    """``STANDALONE_PORT`` when it is set, else a TCP port the OS says is free right now.
 
-    Used only when nothing fixes the rendezvous port (single machine, our own launcher). There is a small race
-    between closing the probe socket and the process group binding the port, which is acceptable locally.
+    Used only when nothing fixes the rendezvous port (single machine, our own launcher). ``STANDALONE_PORT``
+    pins it (as in the reference), e.g. where only some ports are open. There is a small race between closing
+    the probe socket and the process group binding the port, which is acceptable locally.
     """
+    if os.environ.get("STANDALONE_PORT", "").strip():
+        return env_int("STANDALONE_PORT")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("", 0))
         return int(sock.getsockname()[1])
