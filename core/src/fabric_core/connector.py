@@ -294,6 +294,18 @@ def _interactive_message(registry: Registry, strategy: Any, accelerator: Acceler
     )
 
 
+def _counts_to_validate(devices: Any, env: ClusterEnvironment) -> bool:
+    """Whether ``devices``/``num_nodes`` are checked against the environment's own counts.
+
+    Not for ``devices="auto"`` under a launcher that owns the world size (torchrun, SLURM, ...): "auto" states no
+    count (it means every device of the node, possibly more than the launcher's processes per node), and the
+    launcher's world size is what the job uses. Where the world size follows ``devices`` (the fallback
+    environment under ``LOCAL_RANK``), a contradiction breaks the job whatever ``devices`` says, so it is checked.
+    """
+    auto = isinstance(devices, str) and devices.strip().lower() == "auto"
+    return not (auto and env.creates_processes_externally and not getattr(env, "ranks_follow_devices", False))
+
+
 def _check_devices_requested(devices: Any, accelerator: Any) -> None:
     """``devices`` of ``0``/``"0"``/``[]`` is refused before the accelerator is looked at (as the reference does),
     so the error is about ``devices`` even where the accelerator is not available."""
@@ -362,6 +374,8 @@ def resolve(
     if launcher is not None and is_interactive() and not launcher.is_interactive_compatible:
         raise RuntimeError(_interactive_message(registry, strategy, accelerator_obj, len(device_list), num_nodes))
     env = strategy_obj.cluster_environment
-    if env is not None and strategy_obj.requires_launch:
+    if env is not None and strategy_obj.requires_launch and _counts_to_validate(devices, env):
+        # At construction, for every launcher (docs/decisions.md, "Devices and environments"): a mismatch found
+        # later shows up as a rendezvous that hangs.
         env.validate_settings(num_devices=len(device_list), num_nodes=num_nodes)
     return Resolved(accelerator_obj, strategy_obj, precision_obj, device_list, num_nodes)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fabric_core.environments.base import (
     ClusterEnvironment,
+    InvalidEnvironmentVariable,
     MissingEnvironmentVariable,
     find_free_port,
     select_environment,
@@ -28,6 +29,7 @@ BUILTIN_ENVIRONMENTS: tuple[type[ClusterEnvironment], ...] = (
 __all__ = [
     "BUILTIN_ENVIRONMENTS",
     "ClusterEnvironment",
+    "InvalidEnvironmentVariable",
     "KubeflowEnvironment",
     "LSFEnvironment",
     "LightningEnvironment",

@@ -21,6 +21,7 @@ class PlainEnvironment(ClusterEnvironment):
 
     name: ClassVar[str] = "plain"
     detect_priority: ClassVar[int | None] = 1000
+    ranks_follow_devices: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self._world_size: int | None = None
