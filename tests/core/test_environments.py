@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import ast
-import re
 import logging
 import os
+import re
 import signal
 import socket
 import sys

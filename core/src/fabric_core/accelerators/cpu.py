@@ -6,8 +6,12 @@ from typing import Any
 
 import torch
 
-from fabric_core.accelerators.base import Accelerator, as_device_index, no_devices_message, requests_no_devices
-
+from fabric_core.accelerators.base import (
+    Accelerator,
+    as_device_index,
+    no_devices_message,
+    requests_no_devices,
+)
 
 #: The reference's words for every ``devices`` value the CPU accelerator cannot use.
 CPU_DEVICES_MESSAGE = "`devices` selected with `CPUAccelerator` should be an int > 0."

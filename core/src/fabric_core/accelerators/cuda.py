@@ -7,9 +7,13 @@ from typing import Any
 
 import torch
 
-from fabric_core.accelerators.base import Accelerator, as_device_index, no_devices_message, requests_no_devices
+from fabric_core.accelerators.base import (
+    Accelerator,
+    as_device_index,
+    no_devices_message,
+    requests_no_devices,
+)
 from fabric_core.utilities.exceptions import DeviceIdError, NoDevicesAvailableError
-
 
 #: The reference's words for a ``devices`` value of the wrong type (followed by what was passed).
 DEVICE_IDS_TYPE_MESSAGE = "Device IDs (GPU/TPU) must be an int, a string, a sequence of ints, but you passed"
