@@ -97,6 +97,15 @@ class PluginSites:
         return self.run(site, ["python", "-c", code], env=env)
 
 
+@pytest.fixture(autouse=True)
+def _no_srun_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The suite runs alike on a SLURM login node, where every ``Fabric()`` would warn that ``srun`` is unused
+    (``tests/core/test_environments.py`` tests that warning with ``srun`` put back)."""
+    from fabric_core.environments import slurm
+
+    monkeypatch.setattr(slurm, "_srun_available", lambda: False)
+
+
 @pytest.fixture(scope="session")
 def plugin_sites(tmp_path_factory: pytest.TempPathFactory) -> PluginSites:
     # Under xdist every worker has its own base temp; their common parent is shared by the whole session.

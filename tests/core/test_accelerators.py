@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 import torch
 
 from fabric_core import Fabric
 from fabric_core.accelerators import Accelerator, CPUAccelerator, CUDAAccelerator, MPSAccelerator
-from fabric_core.accelerators.cpu import parse_cpu_devices
-from fabric_core.accelerators.cuda import parse_gpu_ids
+from fabric_core.accelerators.cpu import CPU_DEVICES_MESSAGE, parse_cpu_devices
+from fabric_core.accelerators.cuda import DEVICE_IDS_TYPE_MESSAGE, parse_gpu_ids
 from fabric_core.registry import get_registry, reset_registry
+from fabric_core.utilities.exceptions import DeviceIdError, MisconfigurationException, NoDevicesAvailableError
 from fabric_core.utilities.rank_zero import set_rank
 
 
@@ -35,16 +37,23 @@ def test_cpu_parse_devices(devices, count):
     assert CPUAccelerator().parse_devices(devices) == [torch.device("cpu")] * count
 
 
-@pytest.mark.parametrize("devices", [0, "0", []])
+@pytest.mark.parametrize("devices", [0, "0", [], False])
 def test_cpu_zero_devices(devices):
-    with pytest.raises(ValueError, match=re.escape(f"`Fabric(devices={devices!r})` is not a valid input using the cpu")):
+    with pytest.raises(ValueError, match=re.escape(f"`Fabric(devices={devices!r})` value is not a valid input using cpu")):
         CPUAccelerator().parse_devices(devices)
 
 
 @pytest.mark.parametrize("devices", [-1, "-1", -3, [0], [0, 1], (1,), None, 1.0, True, "two", "1,2"])
 def test_cpu_devices_must_be_a_positive_count(devices):
-    with pytest.raises(TypeError, match="CPU accelerator"):
+    # One message for every value that is not a count, as the reference has, then what was passed.
+    with pytest.raises(TypeError, match=re.escape(CPU_DEVICES_MESSAGE) + f" Got {re.escape(repr(devices))}:"):
         CPUAccelerator().parse_devices(devices)
+    assert CPU_DEVICES_MESSAGE == "`devices` selected with `CPUAccelerator` should be an int > 0."
+
+
+@pytest.mark.parametrize("devices", [np.int64(3), torch.tensor(3)])
+def test_cpu_accepts_any_integer_type(devices):
+    assert parse_cpu_devices(devices) == 3
 
 
 def test_cpu_accelerator_basics():
@@ -82,27 +91,76 @@ def test_parse_gpu_ids(devices, available, ids):
     assert parse_gpu_ids(devices, available) == ids
 
 
-@pytest.mark.parametrize("devices", [0, "0", [], -2, "-2"])
-def test_parse_gpu_ids_invalid_values(devices):
-    with pytest.raises(ValueError, match="is not a valid input using the GPU accelerator"):
+@pytest.mark.parametrize("devices", [0, "0", [], " 0 "])
+def test_parse_gpu_ids_no_devices(devices):
+    with pytest.raises(ValueError, match=re.escape(f"`Fabric(devices={devices!r})` value is not a valid input using GPU")):
         parse_gpu_ids(devices, 4)
 
 
+@pytest.mark.parametrize("devices", [-2, "-2"])
+def test_parse_gpu_ids_negative_count(devices):
+    with pytest.raises(DeviceIdError, match="pass a count > 0, -1 for all devices"):
+        parse_gpu_ids(devices, 4)
+
+
+@pytest.mark.parametrize(
+    ("devices", "passed"),
+    [
+        (["0"], "a sequence of str."),
+        ([False], "a sequence of bool."),
+        (["GPU"], "a sequence of str."),
+        ([0.0], "a sequence of float."),
+        ([0, "1"], "a sequence of str."),
+        ((1, True), "a sequence of bool."),
+        (None, "None."),
+        (1.5, "1.5."),
+        (True, "True."),
+        ({0: 1}, "{0: 1}."),
+    ],
+)
+def test_parse_gpu_ids_refuses_what_is_not_an_int(devices, passed):
+    # Entries are not converted: int("0") or int(False) would silently pick device 0.
+    with pytest.raises(TypeError, match=re.escape(f"{DEVICE_IDS_TYPE_MESSAGE} {passed}")) as err:
+        parse_gpu_ids(devices, 4)
+    assert "`devices=[0, 1]`" in str(err.value)  # then how to write it
+
+
+@pytest.mark.parametrize(
+    ("devices", "ids"),
+    [([np.int64(1), np.int32(0)], [1, 0]), (np.int64(2), [0, 1]), ([torch.tensor(3)], [3]), (torch.tensor(-1), [0, 1, 2, 3])],
+)
+def test_parse_gpu_ids_accepts_any_integer_type(devices, ids):
+    assert parse_gpu_ids(devices, 4) == ids
+    assert all(type(i) is int for i in parse_gpu_ids(devices, 4))
+
+
 def test_parse_gpu_ids_errors():
-    with pytest.raises(TypeError, match="Device IDs \\(GPU\\) must be an int, a string, or a sequence of ints"):
-        parse_gpu_ids(1.5, 4)
-    with pytest.raises(TypeError, match="Device IDs"):
-        parse_gpu_ids(None, 4)
-    with pytest.raises(TypeError, match="Could not parse"):
+    with pytest.raises(ValueError, match="Could not parse `devices='x'`"):
         parse_gpu_ids("x", 4)
-    with pytest.raises(ValueError, match="must be unique"):
+    with pytest.raises(ValueError, match="Could not parse `devices='0,a'`"):
+        parse_gpu_ids("0,a", 4)
+    with pytest.raises(DeviceIdError, match=re.escape("Device ID's (GPU) must be unique. Got [0, 0]")):
         parse_gpu_ids([0, 0], 4)
-    with pytest.raises(ValueError, match="You requested GPUs \\[0, 5\\], but this machine only has \\[0, 1\\]"):
+    with pytest.raises(DeviceIdError, match=re.escape("You requested gpu: [0, 5]\n But your machine only has: [0, 1]")):
         parse_gpu_ids([0, 5], 2)
-    with pytest.raises(ValueError, match="only has"):
+    with pytest.raises(DeviceIdError, match=re.escape("You requested gpu: [0, 1, 2]\n")):
         parse_gpu_ids(3, 2)
-    with pytest.raises(RuntimeError, match="GPUs requested but none are available."):
+    with pytest.raises(NoDevicesAvailableError, match="GPUs requested but none are available."):
         parse_gpu_ids(1, 0)
+    with pytest.raises(NoDevicesAvailableError, match="GPUs requested but none are available."):
+        parse_gpu_ids(-1, 0)
+
+
+@pytest.mark.parametrize(
+    ("devices", "available", "builtin"),
+    [([1, 1], 4, ValueError), ([7], 4, ValueError), (-5, 4, ValueError), (2, 0, RuntimeError)],
+)
+def test_gpu_id_errors_are_the_reference_type_and_ours(devices, available, builtin):
+    """`except MisconfigurationException` (the reference's type) and our builtin type both catch them."""
+    with pytest.raises(MisconfigurationException) as err:
+        parse_gpu_ids(devices, available)
+    assert isinstance(err.value, builtin)
+    assert MisconfigurationException.__bases__ == (Exception,)
 
 
 def test_parse_gpu_ids_trusts_torchelastic(monkeypatch):
@@ -121,7 +179,7 @@ def test_cuda_and_mps_availability_here():
 def test_mps_can_be_disabled(monkeypatch):
     monkeypatch.setenv("DISABLE_MPS", "1")
     assert MPSAccelerator.is_available() is False
-    with pytest.raises(RuntimeError, match="MPSs requested but none are available"):
+    with pytest.raises(NoDevicesAvailableError, match="GPUs requested but none are available. This machine has no MPS"):
         MPSAccelerator().parse_devices(1)
 
 
@@ -166,3 +224,23 @@ def test_fabric_accelerator_from_a_missing_distribution():
 def test_fabric_accelerator_typo():
     with pytest.raises(ValueError, match="Did you mean 'cuda'\\?"):
         Fabric(accelerator="cudaa")
+
+
+@pytest.mark.parametrize("devices", [0, "0", []])
+@pytest.mark.parametrize("accelerator", ["cpu", "auto", "cuda", "mps", "gpu"])
+def test_fabric_refuses_no_devices_before_looking_at_the_accelerator(devices, accelerator):
+    # Even where cuda/mps are not available, the error is about `devices`, naming the accelerator as given.
+    with pytest.raises(ValueError, match=re.escape(f"`Fabric(devices={devices!r})` value is not a valid input using {accelerator} accelerator.")):
+        Fabric(accelerator=accelerator, devices=devices)
+
+
+def test_fabric_no_devices_names_an_accelerator_instance_by_class():
+    with pytest.raises(ValueError, match="value is not a valid input using CPUAccelerator accelerator"):
+        Fabric(accelerator=CPUAccelerator(), devices=0)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_fabric_checks_availability_before_the_device_ids():
+    # After the zero check, the accelerator must exist before its device ids are looked at.
+    with pytest.raises(RuntimeError, match="`CUDAAccelerator` can not run on your system"):
+        Fabric(accelerator="cuda", devices=["0"])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 import logging
 import os
+import re
+import signal
 import socket
 import sys
 import warnings
@@ -16,7 +18,9 @@ import fabric_core.environments as envs
 from fabric_core.environments import (
     BUILTIN_ENVIRONMENTS,
     ClusterEnvironment,
+    InvalidEnvironmentVariable,
     KubeflowEnvironment,
+    LightningEnvironment,
     LSFEnvironment,
     MissingEnvironmentVariable,
     MPIEnvironment,
@@ -28,12 +32,16 @@ from fabric_core.environments import (
     select_environment,
 )
 from fabric_core.environments import mpi as mpi_module
+from fabric_core.environments import slurm as slurm_module
 from fabric_core.utilities import rank_zero
+from fabric_core.utilities.rank_zero import PossibleUserWarning
+
+_REAL_SRUN_LOOKUP = slurm_module._srun_available  # the autouse fixture hides srun; tests that want it restore this
 
 # Every variable any environment reads; cleared before each test so the host machine cannot influence results.
 _ALL_VARS = (
     "LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID",
+    "STANDALONE_PORT", "TORCHELASTIC_RUN_ID",
     "SLURM_NTASKS", "SLURM_JOB_NAME", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NODELIST",
     "SLURM_JOB_ID", "SLURM_NTASKS_PER_NODE", "SLURM_NNODES",
     "LSB_JOBID", "LSB_DJOB_RANKFILE", "JSM_NAMESPACE_LOCAL_RANK", "JSM_NAMESPACE_SIZE", "JSM_NAMESPACE_RANK",
@@ -45,7 +53,12 @@ _ALL_VARS = (
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
     for var in _ALL_VARS:
-        monkeypatch.delenv(var, raising=False)
+        # setenv first so that monkeypatch records the variable: some environments export MASTER_ADDR/MASTER_PORT,
+        # and undoing the test must remove what they wrote.
+        monkeypatch.setenv(var, "")
+        monkeypatch.delenv(var)
+    # No `srun` here, whatever the machine has: the warning about an unused srun is tested on its own.
+    monkeypatch.setattr(slurm_module, "_srun_available", lambda: False)
     previous_rank = rank_zero.get_rank()
     rank_zero.set_rank(0)
     yield
@@ -150,7 +163,7 @@ def test_select_prefers_torchelastic_over_slurm(monkeypatch):
 
 
 def test_select_picks_slurm_when_no_torchelastic(monkeypatch):
-    _setenv(monkeypatch, SLURM_NTASKS=4, SLURM_JOB_NAME="train")
+    _setenv(monkeypatch, SLURM_NTASKS=4, SLURM_NTASKS_PER_NODE=4, SLURM_JOB_NAME="train")
     assert type(select_environment(BUILTIN_ENVIRONMENTS)) is SLURMEnvironment
 
 
@@ -209,6 +222,34 @@ def test_plain_free_port_is_cached(monkeypatch):
     assert env.main_port == 40001
     assert len(calls) == 1
     assert "MASTER_PORT" not in os.environ
+
+
+def test_lightning_environment_is_the_plain_one():
+    # The reference's name for the fallback: the same class, so isinstance checks with either name agree.
+    assert LightningEnvironment is PlainEnvironment
+    assert isinstance(select_environment(BUILTIN_ENVIRONMENTS), LightningEnvironment)
+    assert "LightningEnvironment" in envs.__all__
+
+
+def test_plain_port_standalone_then_free(monkeypatch):
+    monkeypatch.setattr("fabric_core.environments.base.socket.socket", None)  # no probing when it is pinned
+    _setenv(monkeypatch, STANDALONE_PORT=12345)
+    assert find_free_port() == 12345
+    assert PlainEnvironment().main_port == 12345
+    _setenv(monkeypatch, MASTER_PORT=2222)
+    assert PlainEnvironment().main_port == 2222  # MASTER_PORT wins over STANDALONE_PORT
+    _setenv(monkeypatch, MASTER_PORT="", STANDALONE_PORT="port")
+    with pytest.raises(ValueError, match="`STANDALONE_PORT` must be an integer"):
+        _ = PlainEnvironment().main_port
+
+
+def test_plain_port_is_decided_once(monkeypatch):
+    _setenv(monkeypatch, MASTER_PORT=2222)
+    env = PlainEnvironment()
+    assert env.main_port == 2222
+    _setenv(monkeypatch, MASTER_PORT=3333)  # e.g. a launcher exporting its own value later
+    assert env.main_port == 2222  # every reader of this object keeps seeing the port the job started with
+    assert PlainEnvironment().main_port == 3333
 
 
 def test_plain_reads_master_vars(monkeypatch):
@@ -303,18 +344,28 @@ def test_torchelastic_node_rank_defaults_to_zero(monkeypatch):
     assert TorchElasticEnvironment().node_rank() == 0
 
 
-def test_torchelastic_missing_master_warns_and_does_not_write_env(monkeypatch):
+def test_torchelastic_missing_master_warns_and_exports_the_fallback(monkeypatch):
     _setenv(monkeypatch, TORCHELASTIC_RUN_ID="r")
     env = TorchElasticEnvironment()
-    with pytest.warns(UserWarning, match="MASTER_ADDR"):
+    with pytest.warns(UserWarning, match="MASTER_ADDR environment variable is not defined. Set as localhost"):
         assert env.main_address == "127.0.0.1"
-    with pytest.warns(UserWarning, match="MASTER_PORT"):
-        assert env.main_port == 29500
+    with pytest.warns(UserWarning, match="MASTER_PORT environment variable is not defined. Set as 12910"):
+        assert env.main_port == 12910
+    # Exported, as the reference does: the process group and any later reader see the same rendezvous, silently.
+    assert (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]) == ("127.0.0.1", "12910")
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # warned once per instance, not on every access
+        warnings.simplefilter("error")
         assert env.main_address == "127.0.0.1"
-    assert "MASTER_ADDR" not in os.environ
-    assert "MASTER_PORT" not in os.environ
+        assert TorchElasticEnvironment().main_port == 12910
+
+
+def test_torchelastic_keeps_what_torchrun_exported(monkeypatch):
+    _setenv(monkeypatch, TORCHELASTIC_RUN_ID="r", MASTER_ADDR="node0", MASTER_PORT=29400)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        env = TorchElasticEnvironment()
+        assert (env.main_address, env.main_port) == ("node0", 29400)
+    assert (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]) == ("node0", "29400")
 
 
 def test_torchelastic_missing_rank_var_is_named(monkeypatch):
@@ -339,9 +390,11 @@ def test_torchelastic_validate_settings(monkeypatch):
     _setenv(monkeypatch, TORCHELASTIC_RUN_ID="r", WORLD_SIZE=8)
     env = TorchElasticEnvironment()
     env.validate_settings(num_devices=4, num_nodes=2)
-    with pytest.raises(ValueError, match=r"2 \* 2 = 4\).*\(8\)") as exc:
+    with pytest.raises(ValueError, match=re.escape(
+        "You set `devices=2` and `num_nodes=2` in Fabric, but the product (2 * 2) does not match the world size (8)."
+    )) as exc:  # fmt: skip
         env.validate_settings(num_devices=2, num_nodes=2)
-    assert "--nproc-per-node" in str(exc.value)
+    assert "`torchrun --nnodes=2 --nproc-per-node=2`" in str(exc.value)
 
 
 # ---------------------------------------------------------------------------------------------- SLURM
@@ -364,7 +417,7 @@ def test_slurm_detect(monkeypatch, values, expected):
 
 
 def test_slurm_ranks(monkeypatch):
-    _setenv(monkeypatch, SLURM_NTASKS=8, SLURM_PROCID=6, SLURM_LOCALID=2, SLURM_NODEID=1)
+    _setenv(monkeypatch, SLURM_NTASKS=8, SLURM_NTASKS_PER_NODE=4, SLURM_PROCID=6, SLURM_LOCALID=2, SLURM_NODEID=1)
     env = SLURMEnvironment()
     assert env.creates_processes_externally is True
     assert env.world_size() == 8
@@ -414,17 +467,18 @@ def test_parse_slurm_nodelist_rejects_malformed(nodelist):
 def test_slurm_main_address_from_nodelist(monkeypatch, nodelist, expected):
     _setenv(monkeypatch, SLURM_NODELIST=nodelist)
     assert SLURMEnvironment().main_address == expected
-    assert "MASTER_ADDR" not in os.environ
+    assert os.environ["MASTER_ADDR"] == expected  # exported, as the reference does
 
 
 def test_slurm_main_address_prefers_master_addr(monkeypatch):
     _setenv(monkeypatch, SLURM_NODELIST="host[5-9]", MASTER_ADDR="elsewhere")
     assert SLURMEnvironment().main_address == "elsewhere"
+    assert os.environ["MASTER_ADDR"] == "elsewhere"
 
 
-def test_slurm_main_address_without_nodelist_names_variable():
-    with pytest.raises(KeyError, match="SLURM_NODELIST"):
-        _ = SLURMEnvironment().main_address
+def test_slurm_main_address_without_nodelist_is_this_machine():
+    assert SLURMEnvironment().main_address == "127.0.0.1"
+    assert os.environ["MASTER_ADDR"] == "127.0.0.1"
 
 
 @pytest.mark.parametrize(
@@ -440,7 +494,7 @@ def test_slurm_main_address_without_nodelist_names_variable():
 def test_slurm_main_port(monkeypatch, values, expected):
     _setenv(monkeypatch, **values)
     assert SLURMEnvironment().main_port == expected
-    assert os.environ.get("MASTER_PORT") == values.get("MASTER_PORT")
+    assert os.environ["MASTER_PORT"] == str(expected)  # exported (or kept), as the reference does
 
 
 def test_slurm_job_helpers(monkeypatch):
@@ -449,24 +503,113 @@ def test_slurm_job_helpers(monkeypatch):
     _setenv(monkeypatch, SLURM_JOB_ID=77, SLURM_JOB_NAME="train")
     assert SLURMEnvironment.job_id() == 77
     assert SLURMEnvironment.job_name() == "train"
+    for name in ("bash", "interactive"):  # an allocation the script runs in by hand is not its job to requeue
+        monkeypatch.setenv("SLURM_JOB_NAME", name)
+        assert SLURMEnvironment.job_id() is None
+        assert SLURMEnvironment().main_port == 15077  # the port still follows the job id
+
+
+def test_slurm_requeue_settings(monkeypatch):
+    env = SLURMEnvironment()
+    assert env.auto_requeue is True
+    assert env.requeue_signal is signal.SIGUSR1
+    other = SLURMEnvironment(auto_requeue=False, requeue_signal=signal.SIGUSR2)
+    assert (other.auto_requeue, other.requeue_signal) == (False, signal.SIGUSR2)
+    assert SLURMEnvironment(requeue_signal=int(signal.SIGTERM)).requeue_signal is signal.SIGTERM
+    assert "auto_requeue=False" in repr(other)
+    monkeypatch.setattr(slurm_module, "_IS_WINDOWS", True)
+    assert SLURMEnvironment().requeue_signal is None  # Windows has no SIGUSR1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"auto_requeue": "yes"}, TypeError, r"auto_requeue=\.\.\.\)` must be True or False, got 'yes'"),
+        ({"requeue_signal": 12345}, ValueError, r"requeue_signal=12345\)` is not a signal of this platform"),
+        ({"requeue_signal": "USR1"}, ValueError, "signal.SIGUSR1"),
+    ],
+)
+def test_slurm_requeue_settings_are_checked(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        SLURMEnvironment(**kwargs)
+
+
+def _with_srun(monkeypatch):
+    monkeypatch.setattr(slurm_module.shutil, "which", lambda name, *a, **k: "/usr/bin/srun" if name == "srun" else None)
+    monkeypatch.setattr(slurm_module, "_srun_available", _REAL_SRUN_LOOKUP)
+
+
+def test_slurm_warns_when_srun_exists_but_is_not_used(monkeypatch):
+    _with_srun(monkeypatch)
+    monkeypatch.setattr(sys, "argv", ["train.py", "--lr", "0.1", "--a-long-option-that-gets-cut-off", "x" * 50])
+    with pytest.warns(PossibleUserWarning, match="The `srun` command is available on your system but is not used") as record:
+        assert SLURMEnvironment.detect() is False
+    message = str(record[0].message)
+    command = " ".join(["srun", os.path.basename(sys.executable), *sys.argv])[:64]
+    assert f"prepend your python command with `srun` like so: {command} ..." in message
+    assert len(command) == 64
+    with pytest.warns(PossibleUserWarning, match="`srun` command is available"):
+        SLURMEnvironment()  # constructing it by hand outside srun warns too
+    # An interactive allocation: the script was not started by srun either.
+    _setenv(monkeypatch, SLURM_NTASKS=2, SLURM_NTASKS_PER_NODE=2, SLURM_JOB_NAME="interactive")
+    with pytest.warns(PossibleUserWarning, match="`srun` command is available"):
+        assert SLURMEnvironment.detect() is False
+
+
+@pytest.mark.parametrize("case", ["srun_used", "no_srun", "windows", "other_rank"])
+def test_slurm_srun_warning_only_where_it_applies(monkeypatch, case):
+    _with_srun(monkeypatch)
+    if case == "srun_used":
+        _setenv(monkeypatch, SLURM_NTASKS=2, SLURM_NTASKS_PER_NODE=2, SLURM_JOB_NAME="train")
+    elif case == "no_srun":
+        monkeypatch.setattr(slurm_module.shutil, "which", lambda name, *a, **k: None)
+        assert slurm_module._srun_available() is False
+    elif case == "windows":
+        monkeypatch.setattr(slurm_module, "_IS_WINDOWS", True)
+    else:
+        rank_zero.set_rank(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert SLURMEnvironment.detect() is (case == "srun_used")
+        SLURMEnvironment()
 
 
 def test_slurm_validate_settings(monkeypatch):
     _setenv(monkeypatch, SLURM_NTASKS=8, SLURM_NTASKS_PER_NODE=4, SLURM_NNODES=2, SLURM_JOB_NAME="train")
     env = SLURMEnvironment()
     env.validate_settings(num_devices=4, num_nodes=2)
-    with pytest.raises(ValueError, match=r"SLURM_NTASKS_PER_NODE=4.*devices=2.*--ntasks-per-node=2"):
+    with pytest.raises(ValueError, match=re.escape(
+        "You set `devices=2` in Fabric, but the number of tasks per node configured in SLURM `--ntasks-per-node=4`"
+        " does not match. HINT: Set `devices=4`."
+    )) as err:  # fmt: skip
         env.validate_settings(num_devices=2, num_nodes=2)
-    with pytest.raises(ValueError, match=r"SLURM_NNODES=2.*num_nodes=3.*--nodes=3"):
+    assert "`#SBATCH --ntasks-per-node=2`" in str(err.value)
+    with pytest.raises(ValueError, match=re.escape(
+        "You set `num_nodes=3` in Fabric, but the number of nodes configured in SLURM `--nodes=2` does not match."
+        " HINT: Set `num_nodes=2`"
+    )):  # fmt: skip
         env.validate_settings(num_devices=4, num_nodes=3)
 
 
-def test_slurm_validate_ntasks_without_per_node(monkeypatch):
-    _setenv(monkeypatch, SLURM_NTASKS=2)
-    with pytest.raises(ValueError, match=r"--ntasks=2.*--ntasks-per-node=2"):
-        SLURMEnvironment().validate_settings(num_devices=2, num_nodes=1)
+def test_slurm_ntasks_without_per_node_is_refused_at_construction(monkeypatch):
+    _setenv(monkeypatch, SLURM_NTASKS=2, SLURM_JOB_NAME="train")
+    with pytest.raises(RuntimeError, match=re.escape(
+        "You set `--ntasks=2` in your SLURM bash script, but this variable is not supported."
+        " HINT: Use `--ntasks-per-node=2` instead."
+    )):  # fmt: skip
+        SLURMEnvironment()
     monkeypatch.setenv("SLURM_NTASKS", "1")
     SLURMEnvironment().validate_settings(num_devices=1, num_nodes=1)
+
+
+def test_slurm_ntasks_check_applies_to_any_strategy(monkeypatch):
+    from fabric_core import Fabric
+
+    _setenv(monkeypatch, SLURM_NTASKS=2, SLURM_PROCID=0, SLURM_LOCALID=0, SLURM_NODEID=0, SLURM_JOB_NAME="train")
+    with pytest.raises(RuntimeError, match="You set `--ntasks=2` in your SLURM bash script"):
+        Fabric(accelerator="cpu", devices=1)  # detected, so constructed, even for one device
+    monkeypatch.setenv("SLURM_JOB_NAME", "interactive")  # not detected: Fabric runs the processes itself
+    assert Fabric(accelerator="cpu", devices=1).world_size == 1
 
 
 def test_slurm_validate_skipped_when_interactive(monkeypatch):
@@ -517,6 +660,26 @@ def test_lsf_master_vars_win(monkeypatch, lsf_job):
     assert env.main_port == 4242
 
 
+def test_lsf_exports_the_rendezvous_at_construction(lsf_job):
+    LSFEnvironment()
+    assert (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]) == ("node1", str(123456 % 1000 + 10000))
+
+
+@pytest.mark.parametrize(
+    ("var", "what"),
+    [("JSM_NAMESPACE_SIZE", "world size"), ("JSM_NAMESPACE_RANK", "global rank"), ("JSM_NAMESPACE_LOCAL_RANK", "local rank")],
+)
+def test_lsf_missing_rank_variable(monkeypatch, lsf_job, var, what):
+    env = LSFEnvironment()
+    monkeypatch.delenv(var)
+    accessor = {"world size": env.world_size, "global rank": env.global_rank, "local rank": env.local_rank}[what]
+    with pytest.raises(ValueError, match=re.escape(
+        f"Cannot determine {what}. Environment variable `{var}` not found. Make sure you run your executable with `jsrun`."
+    )) as err:  # fmt: skip
+        accessor()
+    assert isinstance(err.value, KeyError)  # also our type for a missing variable
+
+
 def test_lsf_unknown_host(monkeypatch, lsf_job):
     monkeypatch.setattr(socket, "gethostname", lambda: "stranger")
     with pytest.raises(ValueError, match="stranger"):
@@ -528,7 +691,11 @@ def test_lsf_missing_rankfile(monkeypatch, tmp_path, lsf_job):
     with pytest.raises(ValueError, match="Cannot read the LSF rankfile"):
         LSFEnvironment()
     monkeypatch.delenv("LSB_DJOB_RANKFILE")
-    with pytest.raises(KeyError, match="LSB_DJOB_RANKFILE"):
+    with pytest.raises(ValueError, match="Did not find the environment variable `LSB_DJOB_RANKFILE`") as err:
+        LSFEnvironment()
+    assert isinstance(err.value, InvalidEnvironmentVariable) and isinstance(err.value, KeyError)
+    monkeypatch.setenv("LSB_DJOB_RANKFILE", "")
+    with pytest.raises(InvalidEnvironmentVariable, match="The environment variable `LSB_DJOB_RANKFILE` is empty"):
         LSFEnvironment()
 
 
@@ -541,11 +708,13 @@ def test_lsf_empty_rankfile(lsf_job, content, match):
         LSFEnvironment()
 
 
-def test_lsf_missing_job_id_for_port(monkeypatch, lsf_job):
-    env = LSFEnvironment()
+def test_lsf_missing_job_id_is_refused_at_construction(monkeypatch, lsf_job):
     monkeypatch.delenv("LSB_JOBID")
-    with pytest.raises(KeyError, match="LSB_JOBID"):
-        _ = env.main_port
+    with pytest.raises(ValueError, match="Could not find job id in environment variable LSB_JOBID") as err:
+        LSFEnvironment()
+    assert isinstance(err.value, KeyError) and "set MASTER_PORT" in str(err.value)
+    monkeypatch.setenv("MASTER_PORT", "4242")  # the job id only serves to derive the port
+    assert LSFEnvironment().main_port == 4242
 
 
 # ---------------------------------------------------------------------------------------------- MPI
@@ -646,8 +815,11 @@ def test_mpi_validate_settings(monkeypatch):
 
 def test_kubeflow_never_detected(monkeypatch):
     _setenv(monkeypatch, MASTER_ADDR="m", MASTER_PORT=1, WORLD_SIZE=2, RANK=1)
-    assert KubeflowEnvironment.detect() is False
-    assert "plugins=[KubeflowEnvironment()]" in (KubeflowEnvironment.__doc__ or "")
+    with pytest.raises(NotImplementedError, match="The Kubeflow environment can't be detected automatically") as err:
+        KubeflowEnvironment.detect()
+    assert "plugins=[KubeflowEnvironment()]" in str(err.value)
+    # Selection never asks it, so having it among the candidates is harmless.
+    assert type(select_environment([KubeflowEnvironment, *BUILTIN_ENVIRONMENTS])) is PlainEnvironment
 
 
 def test_kubeflow_values(monkeypatch):
@@ -698,7 +870,23 @@ def _lsf_setup(monkeypatch, tmp_path):
     ("cls", "values"),
     [
         (PlainEnvironment, {}),
-        (PlainEnvironment, {"LOCAL_RANK": 0, "WORLD_SIZE": 2, "RANK": 1}),
+        (PlainEnvironment, {"LOCAL_RANK": 1, "WORLD_SIZE": 2, "RANK": 1}),
+        (MPIEnvironment, {"PMI_SIZE": 2, "PMI_RANK": 1, "MPI_LOCALRANKID": 1}),
+        (KubeflowEnvironment, {"MASTER_ADDR": "m", "MASTER_PORT": 1, "WORLD_SIZE": 2, "RANK": 1}),
+    ],
+)  # fmt: skip
+def test_reading_these_environments_never_writes_os_environ(monkeypatch, cls, values):
+    _setenv(monkeypatch, **values)
+    before = dict(os.environ)
+    env = cls()
+    _exercise(env)
+    env.validate_settings(num_devices=env.world_size(), num_nodes=1)
+    assert dict(os.environ) == before
+
+
+@pytest.mark.parametrize(
+    ("cls", "values"),
+    [
         (TorchElasticEnvironment, {"TORCHELASTIC_RUN_ID": "r", "WORLD_SIZE": 2, "RANK": 1, "LOCAL_RANK": 1}),
         (
             SLURMEnvironment,
@@ -706,11 +894,10 @@ def _lsf_setup(monkeypatch, tmp_path):
              "SLURM_NODELIST": "n[1-2]", "SLURM_JOB_ID": 99, "SLURM_NTASKS_PER_NODE": 2, "SLURM_NNODES": 1},
         ),
         (LSFEnvironment, None),
-        (MPIEnvironment, {"PMI_SIZE": 2, "PMI_RANK": 1, "MPI_LOCALRANKID": 1}),
-        (KubeflowEnvironment, {"MASTER_ADDR": "m", "MASTER_PORT": 1, "WORLD_SIZE": 2, "RANK": 1}),
     ],
 )  # fmt: skip
-def test_reading_an_environment_never_writes_os_environ(monkeypatch, tmp_path, cls, values):
+def test_these_environments_export_exactly_the_rendezvous_they_report(monkeypatch, tmp_path, cls, values):
+    """As in the reference: MASTER_ADDR/MASTER_PORT, with the values the environment reports, and nothing else."""
     if values is None:
         values = _lsf_setup(monkeypatch, tmp_path)
     _setenv(monkeypatch, **values)
@@ -720,7 +907,7 @@ def test_reading_an_environment_never_writes_os_environ(monkeypatch, tmp_path, c
         env = cls()
         _exercise(env)
         env.validate_settings(num_devices=env.world_size(), num_nodes=1)
-    assert dict(os.environ) == before
+    assert dict(os.environ) == {**before, "MASTER_ADDR": env.main_address, "MASTER_PORT": str(env.main_port)}
 
 
 # ------------------------------------------------------------------------------------------------ stray variables
@@ -773,3 +960,136 @@ def test_a_complete_consistent_set_of_launcher_variables_is_accepted(no_launcher
     no_launcher_variables.delenv("LOCAL_RANK")
     no_launcher_variables.delenv("RANK")
     assert _parallel_fabric(devices=2).world_size == 2
+
+
+# ------------------------------------------------------------------------------------- ranks set by the strategy
+
+
+class ExternalEnvironment(ClusterEnvironment):
+    """A scheduler of the user's that starts every process but only knows the local and node rank."""
+
+    name = "external"
+
+    def __init__(self, local_rank=0, node_rank=0):
+        self._local, self._node = local_rank, node_rank
+        self.world, self.rank = None, None
+
+    creates_processes_externally = True
+    main_address = "127.0.0.1"
+    main_port = 1234
+
+    @classmethod
+    def detect(cls):
+        return False
+
+    def world_size(self):
+        return self.world
+
+    def set_world_size(self, size):
+        self.world = size
+
+    def global_rank(self):
+        return self.rank if self.rank is not None else 0
+
+    def set_global_rank(self, rank):
+        self.rank = rank
+
+    def local_rank(self):
+        return self._local
+
+    def node_rank(self):
+        return self._node
+
+
+def test_an_external_environment_is_told_its_world_size_and_rank(no_launcher_variables):
+    from fabric_core import Fabric
+    from fabric_core.strategies import ParallelStrategy
+
+    env = ExternalEnvironment(local_rank=1, node_rank=1)
+    fabric = Fabric(accelerator="cpu", strategy=ParallelStrategy(), devices=2, num_nodes=2, plugins=[env])
+    assert (env.world, env.rank) == (4, 3)
+    assert (fabric.world_size, fabric.global_rank, fabric.node_rank, fabric.local_rank) == (4, 3, 1, 1)
+    assert fabric.strategy.distributed_sampler_kwargs == {"num_replicas": 4, "rank": 3}
+    assert fabric.strategy.launcher is None  # it started the processes
+    assert rank_zero.get_rank() == 3
+
+
+def test_owning_environments_ignore_the_strategy(no_launcher_variables):
+    from fabric_core import Fabric
+    from fabric_core.strategies import ParallelStrategy
+
+    _setenv(no_launcher_variables, TORCHELASTIC_RUN_ID="r", WORLD_SIZE=4, RANK=2, LOCAL_RANK=0, GROUP_RANK=1)
+    fabric = Fabric(accelerator="cpu", strategy=ParallelStrategy(), devices=2, num_nodes=2)
+    assert type(fabric.strategy.cluster_environment) is TorchElasticEnvironment
+    assert (fabric.world_size, fabric.global_rank) == (4, 2)
+
+
+def test_plain_with_launcher_variables_takes_ranks_from_the_topology(no_launcher_variables):
+    _setenv(no_launcher_variables, LOCAL_RANK=1, NODE_RANK=1, RANK=3, WORLD_SIZE=4, MASTER_PORT=1234)
+    fabric = _parallel_fabric(devices=2, num_nodes=2)
+    assert (fabric.world_size, fabric.global_rank, fabric.node_rank, fabric.local_rank) == (4, 3, 1, 1)
+    assert fabric.strategy.launcher is None
+
+
+def test_plain_refuses_a_rank_the_topology_contradicts(no_launcher_variables):
+    # Rank 3 of 4, but without NODE_RANK this process is node 0: the strategy would make it rank 1.
+    _setenv(no_launcher_variables, LOCAL_RANK=1, RANK=3, WORLD_SIZE=4)
+    with pytest.raises(ValueError, match=r"`RANK=3` is set .* rank 0 \* 2 \+ 1 = 1\. Export NODE_RANK"):
+        _parallel_fabric(devices=2, num_nodes=2)
+    no_launcher_variables.setenv("GROUP_RANK", "1")  # torch's elastic agent name for it is honoured too
+    assert _parallel_fabric(devices=2, num_nodes=2).global_rank == 3
+
+
+@pytest.mark.parametrize("node_rank", [0, 1])
+def test_our_launchers_children_agree_with_the_strategy(no_launcher_variables, node_rank):
+    """Each child the subprocess launcher would start, given its environment, settles on the rank it was given."""
+    no_launcher_variables.setenv("NODE_RANK", str(node_rank))
+    no_launcher_variables.setenv("MASTER_ADDR", "127.0.0.1")
+    parent = _parallel_fabric(devices=3, num_nodes=2)
+    launcher = parent.strategy.launcher
+    assert launcher is not None
+    for local_rank in range(3):
+        child = launcher.child_environment(parent.strategy.cluster_environment, local_rank)
+        for var in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"):
+            no_launcher_variables.setenv(var, child[var])
+        fabric = _parallel_fabric(devices=3, num_nodes=2)  # validates the variables, then sets the ranks
+        assert fabric.global_rank == int(child["RANK"]) == node_rank * 3 + local_rank
+        assert fabric.world_size == int(child["WORLD_SIZE"]) == 6
+        assert fabric.strategy.launcher is None
+        for var in ("LOCAL_RANK", "RANK", "WORLD_SIZE"):
+            no_launcher_variables.delenv(var)
+
+
+# ------------------------------------------------------------------------------- what is validated at construction
+
+
+def test_launcher_counts_are_checked_when_devices_are_given(no_launcher_variables):
+    _setenv(no_launcher_variables, TORCHELASTIC_RUN_ID="r", WORLD_SIZE=4, RANK=0, LOCAL_RANK=0)
+    with pytest.raises(ValueError, match=r"the product \(2 \* 1\) does not match the world size \(4\)"):
+        _parallel_fabric(devices=2)
+    assert _parallel_fabric(devices=4).world_size == 4
+
+
+@pytest.mark.parametrize(
+    "variables",
+    [
+        {"TORCHELASTIC_RUN_ID": "r", "WORLD_SIZE": 4, "RANK": 1, "LOCAL_RANK": 1},
+        {"SLURM_NTASKS": 4, "SLURM_NTASKS_PER_NODE": 4, "SLURM_NNODES": 1, "SLURM_PROCID": 1, "SLURM_LOCALID": 1,
+         "SLURM_NODEID": 0, "SLURM_JOB_NAME": "train"},
+    ],
+    ids=["torchelastic", "slurm"],
+)  # fmt: skip
+def test_devices_auto_is_not_checked_against_a_launchers_counts(no_launcher_variables, variables):
+    # "auto" is 1 process on the CPU (all GPUs on a GPU node): no statement about how many the launcher started.
+    _setenv(no_launcher_variables, **variables)
+    fabric = _parallel_fabric(devices="auto")
+    assert (fabric.world_size, fabric.global_rank) == (4, 1)
+    assert fabric.strategy.launcher is None
+
+
+def test_devices_auto_still_checks_variables_the_world_size_follows(no_launcher_variables):
+    # Under the fallback environment the world size follows `devices`: a stray LOCAL_RANK is refused even for "auto".
+    assert PlainEnvironment.ranks_follow_devices and not TorchElasticEnvironment.ranks_follow_devices
+    _setenv(no_launcher_variables, LOCAL_RANK=1)
+    with pytest.raises(ValueError, match="`LOCAL_RANK=1` is set"):
+        _parallel_fabric(devices="auto")

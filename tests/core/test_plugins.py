@@ -911,7 +911,7 @@ def test_unknown_name_lists_available_names_and_the_closest(use_registry):
     message = str(info.value)
     assert "Did you mean 'single_device'?" in message
     assert re.search(r"Available names are: .*single_device", message)
-    with pytest.raises(ValueError, match=r"Did you mean 'cpu'\?.*Available names are: cpu, cuda, mps"):
+    with pytest.raises(ValueError, match=r"Available names are: auto, cpu, cuda, mps\. Did you mean 'cpu'\?"):
         Fabric(accelerator="cpus")
 
 

@@ -74,7 +74,7 @@ def apply_cli_settings(args: dict[str, Any]) -> dict[str, Any]:
             option = _CLI_OPTION.get(key, f"--{key}")
             raise ValueError(
                 f"Your code has `Fabric({key}={given!r}, ...)` but it conflicts with the value `{option}={cli_value}`"
-                " set through the CLI. Remove it either from the CLI or from the Fabric object."
+                " set through the CLI.  Remove it either from the CLI or from the Fabric object."
             )
         if not isinstance(given, (Strategy, Accelerator)):
             out[key] = cli_value
@@ -153,14 +153,17 @@ def resolve_accelerator(registry: Registry, accelerator: Any) -> Accelerator:
         else:
             raise RuntimeError("No supported gpu backend found! `accelerator='gpu'` needs CUDA or Apple MPS.")
     if ("accelerator", name) not in registry:
-        raise ValueError(registry.unknown_name_message("accelerator", accelerator) + " Also accepted: 'auto', 'gpu'.")
+        raise ValueError(
+            registry.unknown_name_message("accelerator", accelerator, special=("auto",))
+            + " `accelerator='gpu'` is accepted too (MPS or CUDA, whichever is available)."
+        )
     entry = registry.get("accelerator", name)
     cls = entry.load()
     if not cls.is_available():
         available = [n for n in registry.names("accelerator") if _safe_available(registry, n)]
         raise RuntimeError(
-            f"`{cls.__name__}` can not run on your system since the accelerator is not available. The following"
-            f" accelerator(s) are available and can be passed as `accelerator` to `Fabric`: {available}."
+            f"`{cls.__qualname__}` can not run on your system since the accelerator is not available. The following"
+            f" accelerator(s) is available and can be passed into `accelerator` argument of `Fabric`: {available}."
         )
     return entry.create()
 
@@ -183,14 +186,49 @@ class _UserPlugins:
 
 def _check_strategy_instance(strategy: Strategy, accelerator: Any, user: _UserPlugins) -> None:
     """A setting given both on a strategy object and through another argument is ambiguous: refuse it."""
+    both = "Keep it on the strategy object or pass it to Fabric, not both."
     if strategy.accelerator is not None and accelerator not in ("auto", None):
-        raise ValueError("accelerator set through both the strategy object and the `accelerator` flag, choose one.")
+        raise ValueError(f"accelerator set through both strategy class and accelerator flag, choose one. {both}")
     if strategy.configured_precision is not None and user.precision is not None:
-        raise ValueError("precision set through both the strategy object and `plugins`, choose one.")
+        raise ValueError(f"precision set through both strategy class and plugins, choose one. {both}")
     if strategy.configured_checkpoint_io is not None and user.checkpoint_io is not None:
-        raise ValueError("checkpoint_io set through both the strategy object and `plugins`, choose one.")
+        raise ValueError(f"checkpoint_io set through both strategy class and plugins, choose one. {both}")
     if strategy.cluster_environment is not None and user.environment is not None:
-        raise ValueError("cluster_environment set through both the strategy object and `plugins`, choose one.")
+        raise ValueError(f"cluster_environment set through both strategy class and plugins, choose one. {both}")
+    _check_parallel_devices(strategy, accelerator)
+
+
+def _check_parallel_devices(strategy: Strategy, accelerator: Any) -> None:
+    """A strategy object's own ``parallel_devices`` must be of the device type the ``accelerator`` flag names."""
+    from fabric_core.accelerators.base import Accelerator
+
+    devices = getattr(strategy, "parallel_devices", None)
+    if not devices:
+        return
+    device_type = getattr(devices[0], "type", None)
+    if isinstance(accelerator, Accelerator):
+        compatible = accelerator.device_type == device_type
+    elif isinstance(accelerator, str):
+        name = accelerator.strip().lower()
+        compatible = name in ("auto", device_type) or name == "gpu" and device_type in ("cuda", "mps")
+    else:
+        compatible = True  # not an accelerator: resolving it gives the error
+    if not compatible:
+        label = {"cpu": "CPU", "cuda": "GPU", "mps": "GPU"}.get(str(device_type), str(device_type).upper())
+        raise ValueError(
+            f"{label} parallel_devices set through {type(strategy).__name__} class, but accelerator set to"
+            f" {accelerator}, please choose one device type: drop `accelerator=`, or give the strategy devices"
+            " of that type."
+        )
+
+
+def _parallel_devices_accelerator(registry: Registry, strategy: Strategy, accelerator: Any) -> Any:
+    """``accelerator="auto"``/``"gpu"`` with a strategy object that has its own devices: their device type."""
+    devices = getattr(strategy, "parallel_devices", None)
+    if not devices or not isinstance(accelerator, str) or accelerator.strip().lower() not in ("auto", "gpu"):
+        return accelerator
+    device_type = getattr(devices[0], "type", None)
+    return device_type if ("accelerator", str(device_type)) in registry else accelerator
 
 
 def _strategy_by_name(
@@ -244,6 +282,40 @@ def _resolve_precision(
     return answer
 
 
+def _interactive_message(registry: Registry, strategy: Any, accelerator: Accelerator, num_devices: int, num_nodes: int) -> str:
+    """The reference's words, with the strategy ``strategy="auto"`` picks in a notebook as the compatible choice."""
+    answer = registry.decisions.auto_strategy(accelerator, num_devices, num_nodes, True)
+    choice = f"`Fabric(strategy={answer!r})`" if isinstance(answer, str) else "a strategy whose processes are forked"
+    return (
+        f"`Fabric(strategy={strategy!r})` is not compatible with an interactive environment. Run your code as a"
+        f" script, or choose one of the compatible strategies: {choice} (`fabric plugins --kind strategy` describes"
+        " each). In case you are spawning processes yourself, make sure to include the Fabric creation inside the"
+        " worker function. An interactive environment is a notebook or `python -i`."
+    )
+
+
+def _counts_to_validate(devices: Any, env: ClusterEnvironment) -> bool:
+    """Whether ``devices``/``num_nodes`` are checked against the environment's own counts.
+
+    Not for ``devices="auto"`` under a launcher that owns the world size (torchrun, SLURM, ...): "auto" states no
+    count (it means every device of the node, possibly more than the launcher's processes per node), and the
+    launcher's world size is what the job uses. Where the world size follows ``devices`` (the fallback
+    environment under ``LOCAL_RANK``), a contradiction breaks the job whatever ``devices`` says, so it is checked.
+    """
+    auto = isinstance(devices, str) and devices.strip().lower() == "auto"
+    return not (auto and env.creates_processes_externally and not getattr(env, "ranks_follow_devices", False))
+
+
+def _check_devices_requested(devices: Any, accelerator: Any) -> None:
+    """``devices`` of ``0``/``"0"``/``[]`` is refused before the accelerator is looked at (as the reference does),
+    so the error is about ``devices`` even where the accelerator is not available."""
+    from fabric_core.accelerators.base import Accelerator, no_devices_message, requests_no_devices
+
+    if requests_no_devices(devices):
+        name = type(accelerator).__qualname__ if isinstance(accelerator, Accelerator) else accelerator
+        raise ValueError(no_devices_message(devices, name))
+
+
 def resolve(
     *,
     accelerator: Any,
@@ -265,13 +337,17 @@ def resolve(
         raise ValueError(f"`num_nodes` must be a positive integer, but got {num_nodes!r}.")
     user = _UserPlugins(*_split_plugins(plugins))
     if precision is not None and user.precision is not None:
-        raise ValueError(f"Received both `precision={precision!r}` and `plugins={user.precision!r}`. Choose one.")
+        raise ValueError(
+            f"Received both `precision={precision}` and `plugins={user.precision!r}`. Choose one: the precision"
+            " plugin already says which precision to use."
+        )
 
     strategy_obj = strategy if isinstance(strategy, Strategy) else None
     if strategy_obj is not None:
         _check_strategy_instance(strategy_obj, accelerator, user)
-        accelerator = strategy_obj.accelerator or accelerator
+        accelerator = strategy_obj.accelerator or _parallel_devices_accelerator(registry, strategy_obj, accelerator)
 
+    _check_devices_requested(devices, accelerator)
     accelerator_obj = resolve_accelerator(registry, accelerator)
     device_list = accelerator_obj.parse_devices(devices)
     environment = (
@@ -296,12 +372,10 @@ def resolve(
 
     launcher = strategy_obj.launcher
     if launcher is not None and is_interactive() and not launcher.is_interactive_compatible:
-        raise RuntimeError(
-            f"`Fabric(strategy={strategy!r})` is not compatible with an interactive environment (notebook or"
-            " `python -i`). Run your code as a script, or choose a strategy made for notebooks (its processes are"
-            " forked; `fabric plugins --kind strategy` describes each)."
-        )
+        raise RuntimeError(_interactive_message(registry, strategy, accelerator_obj, len(device_list), num_nodes))
     env = strategy_obj.cluster_environment
-    if env is not None and strategy_obj.requires_launch:
+    if env is not None and strategy_obj.requires_launch and _counts_to_validate(devices, env):
+        # At construction, for every launcher (docs/decisions.md, "Devices and environments"): a mismatch found
+        # later shows up as a rendezvous that hangs.
         env.validate_settings(num_devices=len(device_list), num_nodes=num_nodes)
     return Resolved(accelerator_obj, strategy_obj, precision_obj, device_list, num_nodes)

@@ -380,17 +380,19 @@ class Registry:
             )
         return f"It is provided by a separate distribution: run `pip install {dist}`."
 
-    def unknown_name_message(self, kind: str, name: Any) -> str:
+    def unknown_name_message(self, kind: str, name: Any, special: tuple[str, ...] = ()) -> str:
+        """"You selected an invalid <kind> name", every name (``special`` ones, such as ``"auto"``, first), then
+        the closest name and the plugins that failed to load."""
         key = str(name).lower()
         available = self.all_names(kind)
         message = f"You selected an invalid {kind} name: `{kind}={name!r}`."
         dist = self.distribution_for(kind, name)
         if dist is not None:
             return f"{message} {self.install_hint(dist)}"
-        close = difflib.get_close_matches(key, available, n=1, cutoff=0.5)
+        message += f" Available names are: {', '.join([*special, *available]) or '(none)'}."
+        close = difflib.get_close_matches(key, [*special, *available], n=1, cutoff=0.5)
         if close:
             message += f" Did you mean {close[0]!r}?"
-        message += f" Available names are: {', '.join(available) or '(none)'}."
         if self.failures:
             message += " Some plugins failed to load: " + "; ".join(f.describe() for f in self.failures) + "."
         return message

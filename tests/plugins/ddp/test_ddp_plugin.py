@@ -134,8 +134,10 @@ def test_dp_on_cpu_falls_back_to_ddp():
 
 def test_interactive_sessions_need_a_fork_launcher(monkeypatch):
     monkeypatch.setattr(sys, "ps1", ">>> ", raising=False)
-    with pytest.raises(RuntimeError, match="not compatible with an interactive environment"):
+    with pytest.raises(RuntimeError, match="not compatible with an interactive environment") as err:
         Fabric(accelerator="cpu", strategy="ddp", devices=2)
+    # The reference's sentence, naming the strategy `strategy="auto"` picks in a notebook.
+    assert "Run your code as a script, or choose one of the compatible strategies: `Fabric(strategy='ddp_fork')`" in str(err.value)
     notebook = Fabric(accelerator="cpu", strategy="ddp_notebook", devices=2)
     assert notebook.strategy.launcher.is_interactive_compatible
     assert Fabric(accelerator="cpu", devices=2).strategy.start_method == "fork"  # auto picks ddp_fork

@@ -2,10 +2,43 @@
 
 from __future__ import annotations
 
+import operator
 from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
+
+
+def as_device_index(value: Any) -> int | None:
+    """``value`` as a device index or count, or ``None`` when it is not an integer.
+
+    Any integer type is accepted through ``operator.index`` (``int``, ``numpy.int64``, a 0-d integer tensor);
+    ``bool``, ``str`` and ``float`` are refused even though some of them convert, since ``True``, ``"0"`` or
+    ``0.0`` in a device list is a mistake rather than an index.
+    """
+    if isinstance(value, (bool, str, float)) or "bool" in str(getattr(value, "dtype", "")):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def requests_no_devices(devices: Any) -> bool:
+    """Whether ``devices`` asks for no device at all (``0``, ``"0"``, ``[]``), which no accelerator can run."""
+    if isinstance(devices, str):
+        return devices.strip() == "0"
+    if isinstance(devices, (list, tuple)):
+        return len(devices) == 0
+    return isinstance(devices, bool) and not devices or as_device_index(devices) == 0
+
+
+def no_devices_message(devices: Any, accelerator: str) -> str:
+    """The error for :func:`requests_no_devices`; ``accelerator`` is the accelerator as the user gave it."""
+    return (
+        f"`Fabric(devices={devices!r})` value is not a valid input using {accelerator} accelerator. Fabric needs"
+        " at least one device: pass `devices` >= 1 or a non-empty list of device indices."
+    )
 
 
 class Accelerator(ABC):

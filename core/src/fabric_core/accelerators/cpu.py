@@ -6,29 +6,37 @@ from typing import Any
 
 import torch
 
-from fabric_core.accelerators.base import Accelerator
+from fabric_core.accelerators.base import (
+    Accelerator,
+    as_device_index,
+    no_devices_message,
+    requests_no_devices,
+)
+
+#: The reference's words for every ``devices`` value the CPU accelerator cannot use.
+CPU_DEVICES_MESSAGE = "`devices` selected with `CPUAccelerator` should be an int > 0."
 
 
 def parse_cpu_devices(devices: Any) -> int:
-    """Return the number of CPU processes ``devices`` asks for."""
-    if devices == "auto":
+    """Return the number of CPU processes ``devices`` asks for: ``"auto"`` (1), an int > 0 or a digit string.
+
+    ``0``, ``"0"`` and ``[]`` raise ``ValueError`` (as with every accelerator); any other value that is not a
+    positive count raises ``TypeError``: on the CPU, ``devices`` counts processes, it does not pick devices.
+    """
+    if isinstance(devices, str) and devices.strip() == "auto":
         return 1
-    if isinstance(devices, bool) or not isinstance(devices, (int, str)):
-        raise TypeError(
-            f"`devices` selected with the CPU accelerator must be a positive int (number of processes),"
-            f" but got {devices!r}."
-        )
-    given = devices
+    if requests_no_devices(devices):
+        raise ValueError(no_devices_message(devices, "cpu"))
     if isinstance(devices, str):
-        text = devices.strip()
-        if not text.lstrip("-").isdigit():
-            raise TypeError(f"`devices={devices!r}` for the CPU accelerator must be a positive integer like '2'.")
-        devices = int(text)
-    if devices == 0:
-        raise ValueError(f"`Fabric(devices={given!r})` is not a valid input using the cpu accelerator: use devices >= 1.")
-    if devices < 0:
-        raise TypeError(f"`devices` selected with the CPU accelerator should be an int > 0, got {given!r}.")
-    return devices
+        count = int(devices) if devices.strip().isdigit() else None
+    else:
+        count = as_device_index(devices)
+    if count is None or count <= 0:
+        raise TypeError(
+            f"{CPU_DEVICES_MESSAGE} Got {devices!r}: on the CPU `devices` is the number of processes to run, e.g."
+            " `devices=2`; device indices and -1 are for GPUs."
+        )
+    return count
 
 
 class CPUAccelerator(Accelerator):
@@ -37,13 +45,6 @@ class CPUAccelerator(Accelerator):
     distributed_backend = "gloo"
 
     def parse_devices(self, devices: Any) -> list[torch.device]:
-        if isinstance(devices, (list, tuple)):
-            if len(devices) == 0:
-                raise ValueError("`Fabric(devices=[])` is not a valid input using the cpu accelerator.")
-            raise TypeError(
-                "`devices` selected with the CPU accelerator should be an int > 0 (a number of processes),"
-                f" not a list of device indices ({devices!r})."
-            )
         return [torch.device("cpu")] * parse_cpu_devices(devices)
 
     @staticmethod

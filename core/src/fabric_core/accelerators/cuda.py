@@ -7,49 +7,84 @@ from typing import Any
 
 import torch
 
-from fabric_core.accelerators.base import Accelerator
+from fabric_core.accelerators.base import (
+    Accelerator,
+    as_device_index,
+    no_devices_message,
+    requests_no_devices,
+)
+from fabric_core.utilities.exceptions import DeviceIdError, NoDevicesAvailableError
+
+#: The reference's words for a ``devices`` value of the wrong type (followed by what was passed).
+DEVICE_IDS_TYPE_MESSAGE = "Device IDs (GPU/TPU) must be an int, a string, a sequence of ints, but you passed"
+_FORMS = (
+    " Pass a number of devices (`devices=2`), -1 for all of them, or device indices (`devices=[0, 1]` or"
+    " `devices='0,1'`)."
+)
+
+
+def _check_type(devices: Any) -> None:
+    """Refuse anything but an int, a str, or a list/tuple of ints (any integer type, see ``as_device_index``)."""
+    if isinstance(devices, (list, tuple)):
+        for entry in devices:
+            if as_device_index(entry) is None:
+                raise TypeError(f"{DEVICE_IDS_TYPE_MESSAGE} a sequence of {type(entry).__name__}.{_FORMS}")
+    elif not isinstance(devices, str) and as_device_index(devices) is None:
+        raise TypeError(f"{DEVICE_IDS_TYPE_MESSAGE} {devices!r}.{_FORMS}")
+
+
+def _parse_string(devices: str) -> int | list[int]:
+    text = devices.strip()
+    try:
+        if "," in text:
+            return [int(part) for part in text.split(",") if part.strip()]
+        return int(text)
+    except ValueError:
+        raise ValueError(f"Could not parse `devices={devices!r}` as a number or a list of device indices.{_FORMS}") from None
 
 
 def parse_gpu_ids(devices: Any, available: int, kind: str = "GPU") -> list[int]:
-    """Turn ``devices`` into a list of device indices, validating against ``available`` devices."""
-    if devices == "auto":
-        return list(range(available)) if available else []
-    if isinstance(devices, bool) or not isinstance(devices, (int, str, list, tuple)):
-        raise TypeError(
-            f"Device IDs ({kind}) must be an int, a string, or a sequence of ints, but you passed {devices!r}."
-        )
-    if isinstance(devices, str):
-        text = devices.strip()
-        if text in ("-1", "auto"):
-            devices = -1
-        elif "," in text:
-            devices = [int(x) for x in text.split(",") if x.strip()]
-        else:
-            try:
-                devices = int(text)
-            except ValueError as err:
-                raise TypeError(f"Could not parse `devices={devices!r}`: use an int, '-1' or '0,1'.") from err
-    if isinstance(devices, int):
-        if devices == 0:
-            raise ValueError(f"`Fabric(devices=0)` is not a valid input using the {kind} accelerator.")
-        if devices < -1:
-            raise ValueError(
-                f"`Fabric(devices={devices})` is not a valid input using the {kind} accelerator: pass a count"
-                " > 0, -1 for all devices, or a list of device indices."
-            )
-        ids = list(range(available)) if devices == -1 else list(range(devices))
-    else:
-        ids = [int(i) for i in devices]
+    """Turn ``devices`` into a list of device indices, validating against ``available`` devices.
+
+    ``kind`` names the device type in messages (``"GPU"``, ``"MPS"``). Indices that are duplicated or that this
+    machine lacks raise :class:`~fabric_core.utilities.exceptions.DeviceIdError`; asking for devices where
+    there are none raises :class:`~fabric_core.utilities.exceptions.NoDevicesAvailableError` (both are the
+    reference's ``MisconfigurationException``, and ``ValueError`` / ``RuntimeError`` respectively).
+    """
+    if isinstance(devices, str) and devices.strip() == "auto":
+        return list(range(available))
+    _check_type(devices)
+    if requests_no_devices(devices):
+        raise ValueError(no_devices_message(devices, kind))
+    parsed = _parse_string(devices) if isinstance(devices, str) else devices
+    if isinstance(parsed, (list, tuple)):
+        ids = [as_device_index(i) for i in parsed]
         if not ids:
-            raise ValueError(f"`Fabric(devices=[])` is not a valid input using the {kind} accelerator.")
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"Device IDs ({kind}) must be unique, got {ids}.")
+            raise ValueError(no_devices_message(devices, kind))
+    else:
+        count = as_device_index(parsed)
+        if count == 0:
+            raise ValueError(no_devices_message(devices, kind))
+        if count < -1:
+            raise DeviceIdError(
+                f"`Fabric(devices={devices!r})` is not a valid input using {kind} accelerator: pass a count > 0,"
+                " -1 for all devices, or a list of device indices."
+            )
+        ids = list(range(available)) if count == -1 else list(range(count))
     if not ids or available == 0:
-        raise RuntimeError(f"{kind}s requested but none are available.")
+        raise NoDevicesAvailableError(
+            f"GPUs requested but none are available. This machine has no {kind} device that torch can use; pick"
+            " another accelerator (`accelerator='cpu'`), or check the drivers and `CUDA_VISIBLE_DEVICES`."
+        )
+    if len(set(ids)) != len(ids):
+        raise DeviceIdError(f"Device ID's (GPU) must be unique. Got {ids}: list each device index once.")
     missing = [i for i in ids if i >= available or i < 0]
     if missing and not os.environ.get("TORCHELASTIC_RUN_ID"):
-        raise ValueError(f"You requested {kind}s {ids}, but this machine only has {list(range(available))}.")
-    return ids
+        raise DeviceIdError(
+            f"You requested gpu: {ids}\n But your machine only has: {list(range(available))}\n"
+            f" {kind} indices go from 0 to {available - 1} here; a count may be at most {available}."
+        )
+    return ids  # type: ignore[return-value]
 
 
 class CUDAAccelerator(Accelerator):

@@ -18,7 +18,8 @@ class MPSAccelerator(Accelerator):
     distributed_backend = "gloo"
 
     def parse_devices(self, devices: Any) -> list[torch.device]:
-        ids = parse_gpu_ids(1 if devices == "auto" else devices, 1 if self.is_available() else 0, "MPS")
+        auto = isinstance(devices, str) and devices.strip() == "auto"
+        ids = parse_gpu_ids(1 if auto else devices, 1 if self.is_available() else 0, "MPS")
         return [torch.device("mps", i) for i in ids]
 
     @staticmethod

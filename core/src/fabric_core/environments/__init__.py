@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fabric_core.environments.base import (
     ClusterEnvironment,
+    InvalidEnvironmentVariable,
     MissingEnvironmentVariable,
     find_free_port,
     select_environment,
@@ -11,7 +12,7 @@ from fabric_core.environments.base import (
 from fabric_core.environments.kubeflow import KubeflowEnvironment
 from fabric_core.environments.lsf import LSFEnvironment
 from fabric_core.environments.mpi import MPIEnvironment
-from fabric_core.environments.plain import PlainEnvironment
+from fabric_core.environments.plain import LightningEnvironment, PlainEnvironment
 from fabric_core.environments.slurm import SLURMEnvironment, parse_slurm_nodelist
 from fabric_core.environments.torchelastic import TorchElasticEnvironment
 
@@ -28,8 +29,10 @@ BUILTIN_ENVIRONMENTS: tuple[type[ClusterEnvironment], ...] = (
 __all__ = [
     "BUILTIN_ENVIRONMENTS",
     "ClusterEnvironment",
+    "InvalidEnvironmentVariable",
     "KubeflowEnvironment",
     "LSFEnvironment",
+    "LightningEnvironment",
     "MPIEnvironment",
     "MissingEnvironmentVariable",
     "PlainEnvironment",

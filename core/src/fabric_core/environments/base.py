@@ -29,15 +29,23 @@ class MissingEnvironmentVariable(KeyError):
     repr of its argument).
     """
 
-    def __init__(self, name: str, hint: str = "") -> None:
+    def __init__(self, name: str, hint: str = "", message: str | None = None) -> None:
         self.name = name
-        message = f"The environment variable `{name}` is not set."
+        if message is None:
+            message = f"The environment variable `{name}` is not set."
         if hint:
             message = f"{message} {hint}"
         super().__init__(message)
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+class InvalidEnvironmentVariable(MissingEnvironmentVariable, ValueError):
+    """A launcher variable is missing or empty where the reference raises ``ValueError`` (the LSF environment).
+
+    Both ``except ValueError`` (the reference's type) and ``except KeyError`` (ours for a missing variable) catch it.
+    """
 
 
 def env_int(name: str, default: object = _MISSING, hint: str = "") -> int:
@@ -66,11 +74,14 @@ def env_str(name: str, hint: str = "") -> str:
 
 
 def find_free_port() -> int:
-    """Ask the OS for a TCP port that is free right now.
+    """``STANDALONE_PORT`` when it is set, else a TCP port the OS says is free right now.
 
-    Used only when nothing fixes the rendezvous port (single machine, our own launcher). There is a small race
-    between closing the probe socket and the process group binding the port, which is acceptable locally.
+    Used only when nothing fixes the rendezvous port (single machine, our own launcher). ``STANDALONE_PORT``
+    pins it (as in the reference), e.g. where only some ports are open. There is a small race between closing
+    the probe socket and the process group binding the port, which is acceptable locally.
     """
+    if os.environ.get("STANDALONE_PORT", "").strip():
+        return env_int("STANDALONE_PORT")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("", 0))
         return int(sock.getsockname()[1])
@@ -86,6 +97,11 @@ class ClusterEnvironment(ABC):
 
     name: ClassVar[str]
     detect_priority: ClassVar[int | None] = None
+    #: Whether the world size and global rank this environment reports are the ones the strategy sets from
+    #: ``devices``/``num_nodes`` (``PlainEnvironment``), rather than a launcher's own (torchrun, SLURM, ...).
+    #: Fabric checks an external launcher's counts against ``devices="auto"`` only where this is true: "auto" is
+    #: no statement about the count, while a launcher's world size is.
+    ranks_follow_devices: ClassVar[bool] = False
 
     @property
     @abstractmethod

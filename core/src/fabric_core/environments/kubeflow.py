@@ -37,7 +37,11 @@ class KubeflowEnvironment(ClusterEnvironment):
 
     @classmethod
     def detect(cls) -> bool:
-        return False
+        """Never asked by Fabric (``detect_priority`` is ``None``); raises, as the reference does."""
+        raise NotImplementedError(
+            "The Kubeflow environment can't be detected automatically. Pass it explicitly:"
+            " `Fabric(plugins=[KubeflowEnvironment()])`."
+        )
 
     def world_size(self) -> int:
         return env_int("WORLD_SIZE", hint=_HINT)

@@ -10,20 +10,23 @@ from fabric_core.utilities.rank_zero import set_rank
 
 
 class PlainEnvironment(ClusterEnvironment):
-    """Used when no scheduler is detected.
+    """Used when no scheduler is detected (the reference calls it ``LightningEnvironment``; that name is an alias).
 
-    If ``LOCAL_RANK`` is set, some launcher (ours, in the child processes, or a hand-rolled one) already started
-    the processes and exported the usual torch variables, so ranks come from ``WORLD_SIZE``/``RANK``. Otherwise
-    the library launches the processes itself and tells this object the world size and rank via the setters.
+    Without ``LOCAL_RANK`` the library launches the processes itself. With it, some launcher (ours, in the child
+    processes, or a hand-rolled one) already started them. Either way the strategy sets the world size and this
+    process's rank from ``devices``/``num_nodes`` and ``NODE_RANK``/``LOCAL_RANK``, as the reference does;
+    ``WORLD_SIZE``/``RANK`` are only read until then, and :meth:`validate_settings` refuses them when they
+    disagree with what the strategy computes.
     """
 
     name: ClassVar[str] = "plain"
     detect_priority: ClassVar[int | None] = 1000
+    ranks_follow_devices: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self._world_size: int | None = None
         self._global_rank: int | None = None
-        self._free_port: int | None = None
+        self._main_port: int | None = None
 
     @property
     def creates_processes_externally(self) -> bool:
@@ -35,13 +38,13 @@ class PlainEnvironment(ClusterEnvironment):
 
     @property
     def main_port(self) -> int:
-        # The env var wins so that every process agrees on it; otherwise pick one free port and keep it, since
-        # the launcher reads this once per child and all of them must see the same value.
-        if os.environ.get("MASTER_PORT"):
-            return env_int("MASTER_PORT")
-        if self._free_port is None:
-            self._free_port = find_free_port()
-        return self._free_port
+        """``MASTER_PORT``, else ``STANDALONE_PORT``, else a free port; decided on first access and then kept.
+
+        Kept because the launcher reads it once per child and every process of the job must see the same value.
+        """
+        if self._main_port is None:
+            self._main_port = env_int("MASTER_PORT") if os.environ.get("MASTER_PORT") else find_free_port()
+        return self._main_port
 
     @classmethod
     def detect(cls) -> bool:
@@ -123,3 +126,18 @@ class PlainEnvironment(ClusterEnvironment):
                 f"`LOCAL_RANK={local}` is set in the environment, but it must be between 0 and {num_devices - 1}"
                 f" (devices={num_devices}). {leftover}"
             )
+        node = self.node_rank()
+        computed = node * num_devices + local
+        if rank != computed:
+            # The strategy gives this process rank NODE_RANK * devices + LOCAL_RANK: a launcher's RANK that says
+            # otherwise would leave two processes with one rank and the rendezvous waiting forever.
+            raise ValueError(
+                f"`RANK={rank}` is set in the environment, but the node rank ({node}, from NODE_RANK or GROUP_RANK),"
+                f" `devices={num_devices}` and `LOCAL_RANK={local}` make this process rank {node} * {num_devices} +"
+                f" {local} = {computed}. Export NODE_RANK on every node so that they agree, or unset the launcher"
+                " variables (LOCAL_RANK, RANK, WORLD_SIZE) if they are left over from an earlier job."
+            )
+
+
+#: The reference's name for the fallback environment: the same class, so either name works in ``isinstance``.
+LightningEnvironment = PlainEnvironment

@@ -13,43 +13,44 @@ log = logging.getLogger(__name__)
 
 _HINT = "torchrun exports it for every worker; launch the script with `torchrun ...`."
 DEFAULT_ADDRESS = "127.0.0.1"
-DEFAULT_PORT = 29500  # torchrun's own default rendezvous port
+#: The reference's fallback, not torch's own default (29500): torch's launch tools bind 29500 themselves by default,
+#: so a fallback there could collide with an agent's store on the same machine.
+DEFAULT_PORT = 12910
 
 
 class TorchElasticEnvironment(ClusterEnvironment):
-    """Reads the variables the torch elastic agent exports; the agent owns every rank, so setters are ignored."""
+    """Reads the variables the torch elastic agent exports; the agent owns every rank, so setters are ignored.
+
+    torchrun always exports ``MASTER_ADDR``/``MASTER_PORT``. Where they are missing (another elastic agent), the
+    first access warns, falls back to ``127.0.0.1``/``12910`` and exports the fallback, as the reference does,
+    so every later reader (and the process group) sees the same values.
+    """
 
     name: ClassVar[str] = "torchelastic"
     detect_priority: ClassVar[int | None] = 10
-
-    def __init__(self) -> None:
-        self._warned: set[str] = set()
 
     @property
     def creates_processes_externally(self) -> bool:
         return True
 
-    def _warn_missing(self, var: str, fallback: object) -> None:
-        if var not in self._warned:
-            self._warned.add(var)
-            rank_zero_warn(
-                f"torchelastic was detected but `{var}` is not set; using {fallback}. "
-                f"Set `{var}` (torchrun normally does) if the rendezvous should happen elsewhere."
-            )
-
     @property
     def main_address(self) -> str:
-        address = os.environ.get("MASTER_ADDR")
-        if not address:
-            self._warn_missing("MASTER_ADDR", DEFAULT_ADDRESS)
-            return DEFAULT_ADDRESS
-        return address
+        if not os.environ.get("MASTER_ADDR"):
+            rank_zero_warn(
+                "MASTER_ADDR environment variable is not defined. Set as localhost"
+                f" ({DEFAULT_ADDRESS}). torchrun exports it; set it if rank 0 runs on another host."
+            )
+            os.environ["MASTER_ADDR"] = DEFAULT_ADDRESS
+        return os.environ["MASTER_ADDR"]
 
     @property
     def main_port(self) -> int:
         if not os.environ.get("MASTER_PORT"):
-            self._warn_missing("MASTER_PORT", DEFAULT_PORT)
-            return DEFAULT_PORT
+            rank_zero_warn(
+                f"MASTER_PORT environment variable is not defined. Set as {DEFAULT_PORT}. torchrun exports it;"
+                " set it if the rendezvous should use another port."
+            )
+            os.environ["MASTER_PORT"] = str(DEFAULT_PORT)
         return env_int("MASTER_PORT")
 
     @classmethod
@@ -83,9 +84,8 @@ class TorchElasticEnvironment(ClusterEnvironment):
         world_size = self.world_size()
         if num_devices * num_nodes != world_size:
             raise ValueError(
-                f"You selected devices={num_devices} and num_nodes={num_nodes}, whose product "
-                f"({num_devices} * {num_nodes} = {num_devices * num_nodes}) does not match the world size "
-                f"({world_size}) that torchrun set in WORLD_SIZE. Make them agree: launch with "
-                f"`torchrun --nnodes={num_nodes} --nproc-per-node={num_devices}`, or pass devices and num_nodes "
-                f"whose product is {world_size}."
+                f"You set `devices={num_devices}` and `num_nodes={num_nodes}` in Fabric, but the product"
+                f" ({num_devices} * {num_nodes}) does not match the world size ({world_size}). torchrun set"
+                f" WORLD_SIZE={world_size}: launch with `torchrun --nnodes={num_nodes} --nproc-per-node={num_devices}`,"
+                f" or pass devices and num_nodes whose product is {world_size}."
             )

@@ -303,11 +303,12 @@ class TorchCheckpointIO(CheckpointIO):
             remote.save(checkpoint, str(path), storage_options)
             return
         if storage_options is not None:
+            name = type(self).__name__
             raise TypeError(
-                "`save_checkpoint(..., storage_options=...)` with `storage_options` arg is not supported for"
-                f" `TorchCheckpointIO` when saving to a local path: it takes no storage options there (got"
-                f" {storage_options!r}); they are fsspec options for URLs such as 's3://bucket/ckpt'. Drop them, or"
-                " implement your own `CheckpointIO`."
+                f"`{name}.save_checkpoint(..., storage_options=...)` with `storage_options` arg is not supported for"
+                f" `{name}` when saving to a local path (got storage_options={storage_options!r}): they are fsspec"
+                " options for URLs such as 's3://bucket/ckpt'. Please implement your custom `CheckpointIO` to define"
+                " how you'd like to use `storage_options`, or pass storage_options=None."
             )
         durable_later = self.durable_in_background and not background.in_worker()
         atomic_save(checkpoint, remote.local_path(path), durable_in_background=durable_later)

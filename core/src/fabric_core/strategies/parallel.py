@@ -156,14 +156,18 @@ class ParallelStrategy(Strategy):
         return Topology(self.num_nodes, self.num_processes, self.node_rank, self.local_rank)
 
     def set_world_ranks(self) -> None:
-        """Tell the cluster environment this process's rank and the world size, unless it already knows."""
+        """Tell the cluster environment this process's rank and the world size, as ``devices``/``num_nodes`` make them.
+
+        Always, as the reference does, also where something else started the processes: an environment whose
+        launcher owns the ranks (torchrun, SLURM, ...) ignores the setters, and a custom one that starts processes
+        externally but does not know the world size learns it here.
+        """
         env = self.cluster_environment
         if env is None:
             return
-        if not env.creates_processes_externally:
-            topology = self.topology
-            env.set_global_rank(topology.global_rank)
-            env.set_world_size(topology.world_size)
+        topology = self.topology
+        env.set_global_rank(topology.global_rank)
+        env.set_world_size(topology.world_size)
         rank_zero.set_rank(env.global_rank())
 
     # ---------------------------------------------------------------------------------------- lifecycle
