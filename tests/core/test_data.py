@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import random
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from fabric_core.utilities.data import (
     distributed_sampler_for,
     needs_distributed_sampler,
     reinstantiate_dataloader,
+    wrapped_sampler_seed,
 )
 
 
@@ -68,9 +70,9 @@ class InfiniteLenSampler(EndlessSampler):
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_wrapper_over_weighted_sampler_splits_indices_across_ranks(shuffle):
     def rank_indices(rank: int) -> list[int]:
-        # Both ranks draw the same weighted order because their generators share a seed, as seeded ranks would.
+        # The ranks' own generators differ on purpose: the wrapper draws the order from (seed, epoch) instead.
         weighted = WeightedRandomSampler(
-            [1.0] * 10, num_samples=10, replacement=False, generator=torch.Generator().manual_seed(3)
+            [1.0] * 10, num_samples=10, replacement=False, generator=torch.Generator().manual_seed(3 + rank)
         )
         return list(DistributedSamplerWrapper(weighted, num_replicas=2, rank=rank, shuffle=shuffle, seed=7))
 
@@ -115,6 +117,103 @@ def test_wrapper_set_epoch_without_wrapped_set_epoch():
     wrapper.set_epoch(2)
     assert wrapper.epoch == 2
     assert list(wrapper) == [1, 3]
+
+
+class GlobalRngSampler(Sampler):
+    """No ``generator`` attribute: draws from torch's and Python's global RNGs."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        order = torch.randperm(self.n).tolist()
+        random.shuffle(order)
+        return iter(order)
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def _shards(make_sampler, epochs=(0, 1), seed=0, world=2):
+    """Per epoch, the indices each emulated rank gets; every rank first seeds its global RNGs differently."""
+    result = []
+    for epoch in epochs:
+        per_rank = []
+        for rank in range(world):
+            torch.manual_seed(100 + rank)
+            random.seed(200 + rank)
+            wrapper = DistributedSamplerWrapper(make_sampler(), num_replicas=world, rank=rank, shuffle=False, seed=seed)
+            wrapper.set_epoch(epoch)
+            per_rank.append(list(wrapper))
+        result.append(per_rank)
+    return result
+
+
+def _assert_partition(per_rank, n):
+    flat = [i for indices in per_rank for i in indices]
+    assert sorted(flat) == list(range(n)), per_rank  # every sample on exactly one rank
+
+
+@pytest.mark.parametrize(
+    "make_sampler",
+    [
+        pytest.param(lambda: RandomSampler(range(40)), id="RandomSampler-generator-None"),
+        pytest.param(
+            lambda: WeightedRandomSampler([1.0] * 40, 40, replacement=False), id="WeightedRandomSampler"
+        ),
+        pytest.param(lambda: GlobalRngSampler(40), id="no-generator-global-rng"),
+    ],
+)
+def test_wrapped_random_sampler_is_the_same_order_on_every_rank(make_sampler):
+    epoch0, epoch1 = _shards(make_sampler)
+    _assert_partition(epoch0, 40)
+    _assert_partition(epoch1, 40)
+    assert epoch0 != epoch1  # a new order every epoch
+
+
+def test_wrapped_torchdata_random_sampler_is_the_same_order_on_every_rank():
+    """torchdata's RandomSampler is not torch's: it seeds its own generator from the global RNG when created."""
+    stateful = pytest.importorskip("torchdata.stateful_dataloader", reason="`make setup` installs torchdata")
+    epochs = []
+    for epoch in (0, 1):
+        per_rank = []
+        for rank in (0, 1):
+            torch.manual_seed(100 + rank)  # unequal global RNGs, as in an unseeded run
+            loader = stateful.StatefulDataLoader(list(range(40)), batch_size=4, shuffle=True)
+            sampler = distributed_sampler_for(loader, num_replicas=2, rank=rank, seed=0)
+            assert isinstance(sampler, DistributedSamplerWrapper)
+            new = reinstantiate_dataloader(loader, sampler)
+            sampler.set_epoch(epoch)
+            per_rank.append([i for batch in new for i in batch.tolist()])
+        _assert_partition(per_rank, 40)
+        epochs.append(per_rank)
+    assert epochs[0] != epochs[1]
+
+
+def test_wrapped_order_depends_on_the_seed_and_is_reproducible():
+    def order(seed):
+        return list(DistributedSamplerWrapper(RandomSampler(range(30)), num_replicas=1, rank=0, shuffle=False, seed=seed))
+
+    assert order(1) == order(1)
+    assert order(1) != order(2)
+    assert wrapped_sampler_seed(1, 0) != wrapped_sampler_seed(0, 1)
+    assert wrapped_sampler_seed(5, 3) == wrapped_sampler_seed(5, 3) and 0 <= wrapped_sampler_seed(5, 3) < 2**63
+
+
+def test_wrapping_leaves_the_samplers_generator_and_the_global_rngs_alone():
+    generator = torch.Generator().manual_seed(11)
+    generator_state = generator.get_state()
+    sampler = WeightedRandomSampler([1.0] * 20, 20, replacement=True, generator=generator)
+    wrapper = DistributedSamplerWrapper(sampler, num_replicas=2, rank=0, shuffle=True, seed=3)
+    torch.manual_seed(5)
+    random.seed(5)
+    torch_state, python_state = torch.get_rng_state(), random.getstate()
+    first = list(wrapper)
+    assert list(wrapper) == first  # same epoch, same order
+    assert sampler.generator is generator and torch.equal(generator.get_state(), generator_state)
+    assert torch.equal(torch.get_rng_state(), torch_state) and random.getstate() == python_state
+    wrapper.set_epoch(1)
+    assert list(wrapper) != first
 
 
 @pytest.mark.parametrize("sampler", [EndlessSampler(), InfiniteLenSampler()])

@@ -8,12 +8,16 @@ arguments it does not store, from the constructor arguments recorded by :func:`c
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
+import random
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import torch
 from torch.utils.data import (
     BatchSampler,
     DataLoader,
@@ -31,6 +35,7 @@ __all__ = [
     "distributed_sampler_for",
     "needs_distributed_sampler",
     "reinstantiate_dataloader",
+    "wrapped_sampler_seed",
 ]
 
 _HINT_NO_SAMPLER = (
@@ -48,6 +53,53 @@ class DataLoaderRebuildError(TypeError):
 # --------------------------------------------------------------------------------------------------------------------
 
 
+def wrapped_sampler_seed(seed: int, epoch: int) -> int:
+    """The seed a wrapped sampler draws its order from in ``epoch``: the same on every rank, new every epoch.
+
+    Derived by hashing, so it is the same in every process and on every platform, and does not coincide with the
+    ``seed + epoch`` the ``DistributedSampler`` shuffles positions with.
+    """
+    digest = hashlib.blake2b(f"fabric-wrapped-sampler:{int(seed)}:{int(epoch)}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+@contextmanager
+def _seeded_draws(sampler: object, seed: int) -> Iterator[None]:
+    """Make what ``sampler`` draws while the block runs a function of ``seed`` alone; restore everything after.
+
+    * a ``generator`` attribute that holds ``None`` or a ``torch.Generator`` (torch's and torchdata's samplers) is
+      replaced by a fresh generator seeded with ``seed``, then put back;
+    * the global RNGs of torch (CPU), Python's ``random`` and, if already imported, NumPy are seeded with ``seed``
+      and restored afterwards, so samplers that draw from them without a generator agree too, and the user's
+      global random streams are not advanced by materialising the sampler.
+    """
+    saved_random = random.getstate()
+    numpy = sys.modules.get("numpy")
+    saved_numpy = numpy.random.get_state() if numpy is not None else None
+    swapped = False
+    original = getattr(sampler, "generator", None)
+    if hasattr(sampler, "generator") and (original is None or isinstance(original, torch.Generator)):
+        device = original.device if original is not None else "cpu"
+        try:
+            sampler.generator = torch.Generator(device=device).manual_seed(seed)  # type: ignore[attr-defined]
+            swapped = True
+        except (AttributeError, TypeError):  # a read-only property: the global RNGs below still apply
+            pass
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            random.seed(seed)
+            if numpy is not None:
+                numpy.random.seed(seed % 2**32)
+            yield
+    finally:
+        if swapped:
+            sampler.generator = original  # type: ignore[attr-defined]
+        random.setstate(saved_random)
+        if numpy is not None:
+            numpy.random.set_state(saved_numpy)
+
+
 class _SamplerIndices:
     """Indexable view of the indices a sampler yields, so ``DistributedSampler`` can shard them like a dataset."""
 
@@ -55,9 +107,17 @@ class _SamplerIndices:
         self.sampler = sampler
         self._indices: list[Any] | None = None
 
-    def refresh(self) -> None:
-        # Random samplers yield a new order every epoch, so the list is rebuilt before each pass.
-        self._indices = list(self.sampler)
+    def refresh(self, seed: int | None = None) -> None:
+        """Materialise the sampler's order for this pass (random samplers yield a new one every epoch).
+
+        With ``seed``, the sampler draws from RNGs seeded with it (see :func:`_seeded_draws`), so every rank
+        materialises the same order.
+        """
+        if seed is None:
+            self._indices = list(self.sampler)
+            return
+        with _seeded_draws(self.sampler, seed):
+            self._indices = list(self.sampler)
 
     def __len__(self) -> int:
         return len(self.sampler)  # type: ignore[arg-type]
@@ -86,6 +146,13 @@ class DistributedSamplerWrapper(DistributedSampler):
     Each process gets a disjoint, equally long part of the wrapped sampler's output, so custom sampling strategies
     (weighted, grouped, ...) keep working under data parallelism. The wrapped sampler is iterated again on every
     ``__iter__`` so per-epoch randomness is preserved.
+
+    Sharding is only disjoint if every rank materialises the same order. So each ``__iter__`` draws the wrapped
+    order from RNGs seeded with :func:`wrapped_sampler_seed` ``(seed, epoch)``: the sampler's own ``generator``
+    (if it has one that is ``None`` or a ``torch.Generator``) and the global torch/``random``/NumPy RNGs, all
+    restored afterwards. The order is then a function of ``(seed, epoch)`` and the sampler's own attributes, the
+    same on every rank. A sampler with a private RNG of another kind, or whose attributes differ between ranks, is
+    outside this guarantee.
     """
 
     def __init__(
@@ -114,7 +181,7 @@ class DistributedSamplerWrapper(DistributedSampler):
 
     def __iter__(self) -> Iterator[Any]:
         indices: _SamplerIndices = self.dataset  # type: ignore[assignment]
-        indices.refresh()
+        indices.refresh(wrapped_sampler_seed(self.seed, self.epoch))
         return (indices[position] for position in super().__iter__())
 
     def set_epoch(self, epoch: int) -> None:
