@@ -548,7 +548,7 @@ class Fabric:
                     raise TypeError(f"Expected `fabric.save(filter=...)` for key {key!r} to be a callable, given {fn!r}")
         self._validate_launched()
         _refuse_url(path, "save")
-        self._strategy.save_checkpoint(path=path, state=unwrap_objects(state), filter=filter)
+        self._strategy.save_checkpoint(path=path, state=unwrap_objects(state, dataloaders=False), filter=filter)
         self._strategy.barrier()
 
     def load(
@@ -567,7 +567,7 @@ class Fabric:
                 f" {type(state).__name__}. Use `fabric.load(path, {{'model': model, ...}})`, or"
                 " `fabric.load_raw(path, model)` for a file that holds a plain state dict."
             )
-        unwrapped = unwrap_objects(state) if state is not None else None
+        unwrapped = unwrap_objects(state, dataloaders=False) if state is not None else None
         remainder = self._strategy.load_checkpoint(path=path, state=unwrapped, strict=strict, weights_only=weights_only)
         self._strategy.barrier()
         if state is not None and unwrapped is not None:
