@@ -7,6 +7,9 @@ BIN := $(VENV)/bin
 DISTS := core plugins/ddp plugins/amp plugins/fsdp
 STAMP := $(VENV)/.installed
 PYTEST_WORKERS ?= 2
+# Test-only packages installed without their dependencies, so pip cannot replace the pinned torch: torchdata
+# (StatefulDataLoader, for the data tests) needs only torch from its declared requests/urllib3/torch.
+NO_DEPS_DEV := torchdata==0.11.0
 
 .PHONY: setup demo test stress lint bench clean
 
@@ -14,6 +17,7 @@ $(STAMP): requirements-dev.txt $(foreach d,$(DISTS),$(d)/pyproject.toml) Makefil
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements-dev.txt
+	$(BIN)/python -m pip install --quiet --no-deps $(NO_DEPS_DEV)
 	$(BIN)/python -m pip install --quiet --no-build-isolation $(foreach d,$(DISTS),-e $(d))
 	touch $(STAMP)
 

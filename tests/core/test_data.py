@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import random
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from fabric_core.utilities.data import (
     distributed_sampler_for,
     needs_distributed_sampler,
     reinstantiate_dataloader,
+    wrapped_sampler_seed,
 )
 
 
@@ -68,9 +70,9 @@ class InfiniteLenSampler(EndlessSampler):
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_wrapper_over_weighted_sampler_splits_indices_across_ranks(shuffle):
     def rank_indices(rank: int) -> list[int]:
-        # Both ranks draw the same weighted order because their generators share a seed, as seeded ranks would.
+        # The ranks' own generators differ on purpose: the wrapper draws the order from (seed, epoch) instead.
         weighted = WeightedRandomSampler(
-            [1.0] * 10, num_samples=10, replacement=False, generator=torch.Generator().manual_seed(3)
+            [1.0] * 10, num_samples=10, replacement=False, generator=torch.Generator().manual_seed(3 + rank)
         )
         return list(DistributedSamplerWrapper(weighted, num_replicas=2, rank=rank, shuffle=shuffle, seed=7))
 
@@ -115,6 +117,103 @@ def test_wrapper_set_epoch_without_wrapped_set_epoch():
     wrapper.set_epoch(2)
     assert wrapper.epoch == 2
     assert list(wrapper) == [1, 3]
+
+
+class GlobalRngSampler(Sampler):
+    """No ``generator`` attribute: draws from torch's and Python's global RNGs."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        order = torch.randperm(self.n).tolist()
+        random.shuffle(order)
+        return iter(order)
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def _shards(make_sampler, epochs=(0, 1), seed=0, world=2):
+    """Per epoch, the indices each emulated rank gets; every rank first seeds its global RNGs differently."""
+    result = []
+    for epoch in epochs:
+        per_rank = []
+        for rank in range(world):
+            torch.manual_seed(100 + rank)
+            random.seed(200 + rank)
+            wrapper = DistributedSamplerWrapper(make_sampler(), num_replicas=world, rank=rank, shuffle=False, seed=seed)
+            wrapper.set_epoch(epoch)
+            per_rank.append(list(wrapper))
+        result.append(per_rank)
+    return result
+
+
+def _assert_partition(per_rank, n):
+    flat = [i for indices in per_rank for i in indices]
+    assert sorted(flat) == list(range(n)), per_rank  # every sample on exactly one rank
+
+
+@pytest.mark.parametrize(
+    "make_sampler",
+    [
+        pytest.param(lambda: RandomSampler(range(40)), id="RandomSampler-generator-None"),
+        pytest.param(
+            lambda: WeightedRandomSampler([1.0] * 40, 40, replacement=False), id="WeightedRandomSampler"
+        ),
+        pytest.param(lambda: GlobalRngSampler(40), id="no-generator-global-rng"),
+    ],
+)
+def test_wrapped_random_sampler_is_the_same_order_on_every_rank(make_sampler):
+    epoch0, epoch1 = _shards(make_sampler)
+    _assert_partition(epoch0, 40)
+    _assert_partition(epoch1, 40)
+    assert epoch0 != epoch1  # a new order every epoch
+
+
+def test_wrapped_torchdata_random_sampler_is_the_same_order_on_every_rank():
+    """torchdata's RandomSampler is not torch's: it seeds its own generator from the global RNG when created."""
+    stateful = pytest.importorskip("torchdata.stateful_dataloader", reason="`make setup` installs torchdata")
+    epochs = []
+    for epoch in (0, 1):
+        per_rank = []
+        for rank in (0, 1):
+            torch.manual_seed(100 + rank)  # unequal global RNGs, as in an unseeded run
+            loader = stateful.StatefulDataLoader(list(range(40)), batch_size=4, shuffle=True)
+            sampler = distributed_sampler_for(loader, num_replicas=2, rank=rank, seed=0)
+            assert isinstance(sampler, DistributedSamplerWrapper)
+            new = reinstantiate_dataloader(loader, sampler)
+            sampler.set_epoch(epoch)
+            per_rank.append([i for batch in new for i in batch.tolist()])
+        _assert_partition(per_rank, 40)
+        epochs.append(per_rank)
+    assert epochs[0] != epochs[1]
+
+
+def test_wrapped_order_depends_on_the_seed_and_is_reproducible():
+    def order(seed):
+        return list(DistributedSamplerWrapper(RandomSampler(range(30)), num_replicas=1, rank=0, shuffle=False, seed=seed))
+
+    assert order(1) == order(1)
+    assert order(1) != order(2)
+    assert wrapped_sampler_seed(1, 0) != wrapped_sampler_seed(0, 1)
+    assert wrapped_sampler_seed(5, 3) == wrapped_sampler_seed(5, 3) and 0 <= wrapped_sampler_seed(5, 3) < 2**63
+
+
+def test_wrapping_leaves_the_samplers_generator_and_the_global_rngs_alone():
+    generator = torch.Generator().manual_seed(11)
+    generator_state = generator.get_state()
+    sampler = WeightedRandomSampler([1.0] * 20, 20, replacement=True, generator=generator)
+    wrapper = DistributedSamplerWrapper(sampler, num_replicas=2, rank=0, shuffle=True, seed=3)
+    torch.manual_seed(5)
+    random.seed(5)
+    torch_state, python_state = torch.get_rng_state(), random.getstate()
+    first = list(wrapper)
+    assert list(wrapper) == first  # same epoch, same order
+    assert sampler.generator is generator and torch.equal(generator.get_state(), generator_state)
+    assert torch.equal(torch.get_rng_state(), torch_state) and random.getstate() == python_state
+    wrapper.set_epoch(1)
+    assert list(wrapper) != first
 
 
 @pytest.mark.parametrize("sampler", [EndlessSampler(), InfiniteLenSampler()])
@@ -255,10 +354,16 @@ class ScaledLoader(DataLoader):
 def test_subclass_with_unstored_argument_fails_outside_capture():
     loader = ScaledLoader(make_dataset(), 3, batch_size=2)
     sampler = DistributedSampler(loader.dataset, num_replicas=2, rank=0)
-    with pytest.raises(
-        DataLoaderRebuildError, match=r"`ScaledLoader`.*\['scale'\].*fabric.launch.*use_distributed"
-    ):
+    with pytest.raises(DataLoaderRebuildError) as info:
         reinstantiate_dataloader(loader, sampler)
+    message = str(info.value)
+    # the reference's words, then how to fix it
+    assert message.startswith(
+        "Trying to inject custom `Sampler` into the `ScaledLoader` instance. This would fail as some of the"
+        " `__init__` arguments are not available as instance attributes. The missing attributes are ['scale']."
+    )
+    assert "fabric.launch" in message and "use_distributed_sampler=False" in message
+    assert isinstance(info.value, TypeError)
 
 
 def test_subclass_with_unstored_argument_works_inside_capture():
@@ -305,7 +410,45 @@ def test_subclass_that_cannot_accept_the_sampler_raises():
             super().__init__(dataset, batch_size=2)
 
     loader = FixedLoader(make_dataset())
-    with pytest.raises(DataLoaderRebuildError, match=r"`FixedLoader`.*does not accept.*\['sampler'\]"):
+    with pytest.raises(DataLoaderRebuildError) as info:
+        reinstantiate_dataloader(loader, DistributedSampler(loader.dataset, num_replicas=2, rank=0))
+    assert str(info.value).startswith(
+        "Trying to inject parameters into the `FixedLoader` instance. This would fail as it doesn't expose all"
+        " its attributes in the `__init__` signature. The missing arguments are ['sampler']"
+    )
+    assert "Add them to the signature" in str(info.value)
+
+
+class PinnedBatchSizeLoader(DataLoader):
+    """Sets ``batch_size`` itself and forwards ``**kwargs``, which may carry ``batch_size`` again."""
+
+    def __init__(self, dataset, **kwargs):
+        super().__init__(dataset, batch_size=2, **kwargs)
+
+
+def test_subclass_passing_an_argument_twice_gets_an_explanation():
+    loader = PinnedBatchSizeLoader(make_dataset())
+    with pytest.raises(DataLoaderRebuildError) as info:
+        reinstantiate_dataloader(loader, DistributedSampler(loader.dataset, num_replicas=2, rank=0))
+    message = str(info.value)
+    assert message.startswith(
+        "The `PinnedBatchSizeLoader` implementation has an error where more than one `__init__` argument can be"
+        " passed to its parent's `batch_size=...` `__init__` argument."
+    )
+    assert "`kwargs` so they don't contain the `batch_size` key" in message and "kwargs.pop('batch_size'" in message
+    assert isinstance(info.value, TypeError)
+    assert "got multiple values for keyword argument 'batch_size'" in str(info.value.__cause__)
+
+
+def test_other_type_errors_of_the_constructor_pass_through():
+    class Picky(DataLoader):
+        def __init__(self, dataset, **kwargs):
+            if kwargs.get("sampler") is not None:
+                raise TypeError("Picky refuses samplers")
+            super().__init__(dataset, **kwargs)
+
+    loader = Picky(make_dataset())
+    with pytest.raises(TypeError, match="^Picky refuses samplers$"):
         reinstantiate_dataloader(loader, DistributedSampler(loader.dataset, num_replicas=2, rank=0))
 
 
@@ -349,11 +492,88 @@ def test_custom_batch_sampler_with_unstored_argument_fails_outside_capture():
     loader = DataLoader(
         dataset, batch_sampler=GroupedBatchSampler(SequentialSampler(dataset), 4, batch_size=2)
     )
-    with pytest.raises(DataLoaderRebuildError, match=r"`GroupedBatchSampler`.*\['group_size'\]"):
+    with pytest.raises(
+        DataLoaderRebuildError,
+        match=r"^Trying to inject custom `Sampler` into the `GroupedBatchSampler` instance\..*\['group_size'\]",
+    ):
         reinstantiate_dataloader(loader, DistributedSampler(dataset, num_replicas=2, rank=0))
 
 
-def test_batch_sampler_that_is_not_a_batch_sampler_raises():
+def test_custom_batch_sampler_without_a_sampler_argument_raises():
+    class FixedBatches(BatchSampler):
+        def __init__(self, batch_size):
+            super().__init__(SequentialSampler(range(8)), batch_size, drop_last=False)
+
+    dataset = make_dataset(8)
+    loader = DataLoader(dataset, batch_sampler=FixedBatches(2))
+    with pytest.raises(DataLoaderRebuildError) as info:
+        reinstantiate_dataloader(loader, DistributedSampler(dataset, num_replicas=2, rank=0))
+    assert str(info.value).startswith(
+        "Trying to inject a modified sampler into the batch sampler; however, it seems the class `FixedBatches`"
+        " does not have an argument called `sampler`"
+    )
+    assert "use_distributed_sampler=False" in str(info.value)
+
+
+def test_custom_batch_sampler_passing_an_argument_twice_gets_an_explanation():
+    class PairBatches(BatchSampler):
+        def __init__(self, sampler, **kwargs):
+            super().__init__(sampler, batch_size=2, **kwargs)
+
+    dataset = make_dataset(8)
+    loader = DataLoader(dataset, batch_sampler=PairBatches(SequentialSampler(dataset), drop_last=False))
+    with pytest.raises(DataLoaderRebuildError, match=r"^The `PairBatches` implementation has an error.*`batch_size=\.\.\.`"):
+        reinstantiate_dataloader(loader, DistributedSampler(dataset, num_replicas=2, rank=0))
+
+
+class DuckBatches:
+    """``BatchSampler``'s interface without subclassing it."""
+
+    def __init__(self, sampler, batch_size, drop_last):
+        self.sampler, self.batch_size, self.drop_last = sampler, batch_size, drop_last
+
+    def __iter__(self):
+        batch = []
+        for index in self.sampler:
+            batch.append(index)
+            if len(batch) == self.batch_size:
+                yield batch
+                batch = []
+        if batch and not self.drop_last:
+            yield batch
+
+    def __len__(self):
+        return -(-len(self.sampler) // self.batch_size)
+
+
+def test_batch_sampler_with_the_batch_sampler_interface_is_rebuilt_around_the_new_sampler():
+    dataset = make_dataset(10)
+    loader = DataLoader(dataset, batch_sampler=DuckBatches(SequentialSampler(dataset), 2, drop_last=True))
+    sampler = distributed_sampler_for(loader, num_replicas=2, rank=1)
+    new = reinstantiate_dataloader(loader, sampler)
+    assert type(new.batch_sampler) is DuckBatches and new.batch_sampler is not loader.batch_sampler
+    assert new.batch_sampler.sampler is sampler
+    assert new.batch_sampler.batch_size == 2 and new.batch_sampler.drop_last is True
+    assert [batch[0].tolist() for batch in new] == [[1, 3], [5, 7]]  # rank 1's half, the last odd one dropped
+
+
+def test_batch_sampler_with_the_interface_but_another_constructor_raises():
+    class Chunks(DuckBatches):
+        def __init__(self, indices):
+            super().__init__(indices, batch_size=2, drop_last=False)
+
+    dataset = make_dataset(4)
+    loader = DataLoader(dataset, batch_sampler=Chunks(list(range(4))))
+    with pytest.raises(DataLoaderRebuildError) as info:
+        reinstantiate_dataloader(loader, DistributedSampler(dataset, num_replicas=2, rank=0))
+    message = str(info.value)
+    assert "can't inject a (distributed) sampler into your batch sampler `Chunks`, because it doesn't subclass" in message
+    assert "`Chunks(sampler, batch_size=..., drop_last=...)` failed" in message
+    assert "follow the API of `BatchSampler`" in message and "use_distributed_sampler=False" in message
+    assert isinstance(info.value, TypeError) and isinstance(info.value.__cause__, TypeError)
+
+
+def test_batch_sampler_without_the_interface_raises():
     class Pairs:
         def __iter__(self):
             return iter([[0, 1], [2, 3]])
@@ -364,6 +584,21 @@ def test_batch_sampler_that_is_not_a_batch_sampler_raises():
     dataset = make_dataset(4)
     loader = DataLoader(dataset, batch_sampler=Pairs())
     with pytest.raises(
-        TypeError, match=r"`Pairs`.*does not subclass PyTorch's `BatchSampler`.*use_distributed"
+        TypeError,
+        match=r"^Fabric can't inject a \(distributed\) sampler into your batch sampler `Pairs`, because it doesn't"
+        r" subclass PyTorch's `BatchSampler`.*follow the API of `BatchSampler`.*use_distributed_sampler=False",
     ):
         reinstantiate_dataloader(loader, DistributedSampler(dataset, num_replicas=2, rank=0))
+
+
+def test_stateful_dataloader_builds_its_own_batch_sampler_around_the_new_sampler():
+    """torchdata's StatefulDataLoader makes a BatchSampler subclass of its own; it is not a user's batch sampler."""
+    stateful = pytest.importorskip("torchdata.stateful_dataloader", reason="`make setup` installs torchdata")
+    loader = stateful.StatefulDataLoader(list(range(10)), batch_size=3, drop_last=True)
+    sampler = distributed_sampler_for(loader, num_replicas=2, rank=0)
+    new = reinstantiate_dataloader(loader, sampler)
+    assert type(new) is stateful.StatefulDataLoader
+    assert new.sampler is sampler  # not a placeholder: `loader.sampler.set_epoch` reaches the sampler in use
+    assert type(new.batch_sampler) is type(loader.batch_sampler) and new.batch_sampler.sampler is sampler
+    assert new.batch_size == 3 and new.drop_last is True
+    assert [batch.tolist() for batch in new] == [[0, 2, 4]]

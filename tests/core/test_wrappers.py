@@ -407,6 +407,118 @@ def test_set_epoch_deduplicated_between_sampler_and_batch_sampler():
     assert sampler.epochs == [0, 1]
 
 
+def _consume(iterator, n):
+    return [next(iterator).tolist() for _ in range(n)]
+
+
+@pytest.mark.parametrize("device", [None, torch.device("cpu")], ids=["no-move", "move"])
+def test_dataloader_state_holds_the_epoch_to_continue(device):
+    sampler = EpochSampler(6)
+    loader = FabricDataLoader(DataLoader(list(range(6)), sampler=sampler, batch_size=2), device=device)
+    assert loader.state_dict() == {"fabric_epoch": 0}  # a plain DataLoader has no state of its own
+    list(loader)
+    assert loader.state_dict() == {"fabric_epoch": 1}  # epoch 0 ran to its end: the next one is 1
+    iterator = iter(loader)
+    _consume(iterator, 1)
+    assert loader.state_dict() == {"fabric_epoch": 1}  # epoch 1 is unfinished: it is the one to continue
+    list(iterator)
+    assert loader.state_dict() == {"fabric_epoch": 2}
+
+    resumed_sampler = EpochSampler(6)
+    resumed = FabricDataLoader(DataLoader(list(range(6)), sampler=resumed_sampler, batch_size=2), device=device)
+    resumed.load_state_dict({"fabric_epoch": 2})
+    assert [b.tolist() for b in resumed] == [[0, 1], [2, 3], [4, 5]]
+    list(resumed)
+    assert resumed_sampler.epochs == [2, 2, 3]  # at load time (for early iterators), then at each epoch
+    assert resumed.state_dict() == {"fabric_epoch": 4}
+
+
+def test_dataloader_state_of_a_distributed_sampler_keeps_its_seed():
+    from torch.utils.data import DistributedSampler
+
+    data = list(range(8))
+    saved = FabricDataLoader(DataLoader(data, sampler=DistributedSampler(data, 2, 1, shuffle=True, seed=5)))
+    state = saved.state_dict()
+    assert state == {"fabric_epoch": 0, "fabric_sampler_seed": 5}
+    other = DistributedSampler(data, 2, 1, shuffle=True, seed=0)
+    resumed = FabricDataLoader(DataLoader(data, sampler=other))
+    resumed.load_state_dict({"fabric_epoch": 3, "fabric_sampler_seed": 5})
+    assert other.seed == 5 and other.epoch == 3
+
+
+def _stateful_loader(seed: int):
+    stateful = pytest.importorskip("torchdata.stateful_dataloader", reason="`make setup` installs torchdata")
+    torch.manual_seed(seed)  # seeds the loader's RandomSampler generator
+    return stateful.StatefulDataLoader(list(range(10)), batch_size=2, shuffle=True)
+
+
+@pytest.mark.parametrize("device", [None, torch.device("cpu")], ids=["no-move", "move"])
+@pytest.mark.parametrize("epoch", [0, 1])
+def test_stateful_dataloader_continues_mid_epoch(device, epoch):
+    loader = FabricDataLoader(_stateful_loader(seed=1), device=device)
+    for _ in range(epoch):
+        list(loader)
+    iterator = iter(loader)
+    _consume(iterator, 2)
+    state = loader.state_dict()
+    assert state["fabric_epoch"] == epoch and "_num_yielded" in state["dataloader"]
+    expected = [[b.tolist() for b in iterator]] + [[b.tolist() for b in loader]]
+
+    resumed = FabricDataLoader(_stateful_loader(seed=2), device=device)  # another RNG state
+    resumed.load_state_dict(state)
+    assert [[b.tolist() for b in resumed] for _ in range(2)] == expected
+    assert resumed._num_iter_calls == epoch + 2
+
+
+def test_stateful_dataloader_saved_at_an_epoch_end_starts_the_next():
+    loader = FabricDataLoader(_stateful_loader(seed=1))
+    list(loader)
+    state = loader.state_dict()
+    assert state["fabric_epoch"] == 1
+    expected = [b.tolist() for b in loader]
+    resumed = FabricDataLoader(_stateful_loader(seed=2))
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in resumed] == expected and len(expected) == 5
+
+
+def test_dataloader_loads_the_state_of_the_unwrapped_loader():
+    """A checkpoint written from the unwrapped loader (as the reference saves it) loads; the epoch stays."""
+    raw = _stateful_loader(seed=1)
+    iterator = iter(raw)
+    next(iterator)
+    inner_state = raw.state_dict()
+    expected = [b.tolist() for b in iterator]
+    resumed = FabricDataLoader(_stateful_loader(seed=2))
+    resumed.load_state_dict(inner_state)
+    assert [b.tolist() for b in resumed] == expected and resumed._num_iter_calls == 1
+
+
+def test_dataloader_state_of_a_stateful_loader_into_a_plain_one_raises():
+    loader = FabricDataLoader(DataLoader(list(range(4))))
+    with pytest.raises(TypeError, match="holds the state of a stateful dataloader.*`DataLoader`.*StatefulDataLoader"):
+        loader.load_state_dict({"fabric_epoch": 1, "dataloader": {"_num_yielded": 1}})
+    with pytest.raises(TypeError, match="expects the dict"):
+        loader.load_state_dict([1])
+
+
+def test_fabric_save_and_load_keep_the_dataloader_epoch(tmp_path):
+    fabric = Fabric(accelerator="cpu", devices=1)
+    sampler = EpochSampler(4)
+    loader = fabric.setup_dataloaders(DataLoader(list(range(4)), sampler=sampler, batch_size=2))
+    list(loader)
+    list(loader)
+    fabric.save(tmp_path / "ckpt.pt", {"loader": loader, "step": 7})
+    assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["loader"] == {"fabric_epoch": 2}
+
+    resumed_sampler = EpochSampler(4)
+    resumed = fabric.setup_dataloaders(DataLoader(list(range(4)), sampler=resumed_sampler, batch_size=2))
+    state = {"loader": resumed, "step": 0}
+    fabric.load(tmp_path / "ckpt.pt", state)  # weights_only: the state holds plain values only
+    assert state["loader"] is resumed and state["step"] == 7
+    list(resumed)
+    assert resumed_sampler.epochs[-1] == 2
+
+
 # ---------------------------------------------------------------------------------------------------- is_wrapped
 
 
@@ -437,6 +549,8 @@ def test_unwrap_objects_recurses():
     assert out["nested"]["opt"] is raw_optimizer
     assert out["nested"]["list"] == [raw_loader, 3]
     assert state["model"] is model  # the input is not modified
+    kept = unwrap_objects(state, dataloaders=False)  # what checkpoints use: the loader saves its own state
+    assert kept["nested"]["list"] == [loader, 3] and kept["model"] is module
 
 
 def test_environment_untouched_by_wrappers():

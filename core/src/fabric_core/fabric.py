@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from fabric_core import connector, wrappers
 from fabric_core.accelerators.base import Accelerator
@@ -306,10 +306,24 @@ class Fabric:
 
         kwargs = self._strategy.distributed_sampler_kwargs
         if use_distributed_sampler and kwargs is not None:
+            # Every rank reads the same seed without communicating (docs/decisions.md, "Data"): the shuffle of a
+            # DistributedSampler and the order of a wrapped sampler are functions of (seed, epoch).
             seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
             sampler = data.distributed_sampler_for(dataloader, seed=seed, **kwargs)
             if sampler is not None:
                 dataloader = data.reinstantiate_dataloader(dataloader, sampler)
+            elif isinstance(dataloader.dataset, IterableDataset) and kwargs.get("num_replicas", 1) > 1:
+                replicas = kwargs["num_replicas"]
+                rank_zero_warn(
+                    f"Your `{type(dataloader.dataset).__name__}` is an `IterableDataset`, which Fabric cannot split"
+                    f" with a distributed sampler: each of the {replicas} processes iterates all of it, so every"
+                    " sample is seen once per process. If that is not what you want, shard it yourself in its"
+                    " `__iter__`, e.g. by `fabric.global_rank` and `fabric.world_size` (keep every"
+                    " `world_size`-th item starting at `global_rank`, and split further by"
+                    " `torch.utils.data.get_worker_info()` with workers). If every process should see all of it,"
+                    " silence this with `warnings.filterwarnings('ignore', category=PossibleUserWarning)`.",
+                    category=PossibleUserWarning,
+                )
         if os.environ.get("PL_SEED_WORKERS") == "1" and dataloader.worker_init_fn is None:
             dataloader.worker_init_fn = partial(worker_init_function, rank=self.global_rank)
         dataloader = self._strategy.process_dataloader(dataloader)
@@ -580,9 +594,9 @@ class Fabric:
         background.raise_failures()  # an earlier save that failed in the background is reported now, not lost
         handle = None
         if async_save:
-            handle = self._strategy.save_checkpoint_async(path=path, state=unwrap_objects(state), filter=filter)
+            handle = self._strategy.save_checkpoint_async(path=path, state=unwrap_objects(state, dataloaders=False), filter=filter)
         else:
-            self._strategy.save_checkpoint(path=path, state=unwrap_objects(state), filter=filter)
+            self._strategy.save_checkpoint(path=path, state=unwrap_objects(state, dataloaders=False), filter=filter)
         if keep_last is not None and self.is_global_zero:
             background.submit(path, partial(prune, path, keep_last))  # after this save's commit: work runs in order
         self._strategy.barrier()
@@ -606,7 +620,7 @@ class Fabric:
                 f" {type(state).__name__}. Use `fabric.load(path, {{'model': model, ...}})`, or"
                 " `fabric.load_raw(path, model)` for a file that holds a plain state dict."
             )
-        unwrapped = unwrap_objects(state) if state is not None else None
+        unwrapped = unwrap_objects(state, dataloaders=False) if state is not None else None
         remainder = self._strategy.load_checkpoint(path=path, state=unwrapped, strict=strict, weights_only=weights_only)
         self._strategy.barrier()
         if state is not None and unwrapped is not None:

@@ -23,7 +23,7 @@ from torch import Tensor
 from torch.nn import Module
 from torch.nn.modules import module as _torch_module
 from torch.optim import Optimizer
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 
 from fabric_core.precision.base import Precision
 from fabric_core.utilities.apply import apply_to_collection, iterate_moved
@@ -478,13 +478,20 @@ class FabricOptimizer:
 
 
 class FabricDataLoader:
-    """Moves each batch to the device and calls ``set_epoch`` on the sampler at the start of every epoch."""
+    """Moves each batch to the device and calls ``set_epoch`` on the sampler at the start of every epoch.
+
+    ``state_dict()``/``load_state_dict()`` make it a stateful object for ``fabric.save``/``fabric.load``: the state
+    holds the epoch counter that feeds ``set_epoch``, the seed of a ``DistributedSampler`` in the loader, and, when
+    the wrapped loader is stateful itself (torchdata's ``StatefulDataLoader``), the wrapped loader's state. A loader
+    saved in the middle of an epoch continues that epoch, with the same ``set_epoch`` number, where it stopped.
+    """
 
     def __init__(self, dataloader: DataLoader, device: torch.device | None = None) -> None:
         self.__dict__.update(dataloader.__dict__)
         self._dataloader = dataloader
         self._device = device
         self._num_iter_calls = 0
+        self._exhausted_epoch = -1  # the last epoch whose iteration ran to its end
 
     @property
     def device(self) -> torch.device | None:
@@ -493,15 +500,16 @@ class FabricDataLoader:
     def __len__(self) -> int:
         return len(self._dataloader)
 
-    def _set_epoch(self, epoch: int) -> None:
-        seen: set[int] = set()
-        samplers = [getattr(self._dataloader, "sampler", None)]
+    def _samplers(self) -> list[Any]:
+        found: list[Any] = []
         batch_sampler = getattr(self._dataloader, "batch_sampler", None)
-        samplers.append(getattr(batch_sampler, "sampler", None))
-        for sampler in samplers:
-            if sampler is None or id(sampler) in seen:
-                continue
-            seen.add(id(sampler))
+        for sampler in (getattr(self._dataloader, "sampler", None), getattr(batch_sampler, "sampler", None)):
+            if sampler is not None and all(sampler is not other for other in found):
+                found.append(sampler)
+        return found
+
+    def _set_epoch(self, epoch: int) -> None:
+        for sampler in self._samplers():
             set_epoch = getattr(sampler, "set_epoch", None)
             if callable(set_epoch):
                 set_epoch(epoch)
@@ -511,14 +519,79 @@ class FabricDataLoader:
         self._num_iter_calls += 1
         if self._device is None:
             return self._iterate(epoch)
-        return iterate_moved(partial(self._start_epoch, epoch), self._device)
+        return iterate_moved(partial(self._start_epoch, epoch), self._device, partial(self._end_epoch, epoch))
 
     def _start_epoch(self, epoch: int) -> Iterator:
         self._set_epoch(epoch)
         return iter(self._dataloader)
 
+    def _end_epoch(self, epoch: int) -> None:
+        self._exhausted_epoch = epoch
+
     def _iterate(self, epoch: int) -> Generator[Any, None, None]:
         yield from self._start_epoch(epoch)
+        self._exhausted_epoch = epoch
+
+    # ------------------------------------------------------------------------------------------------ state
+    def _resume_epoch(self) -> int:
+        """The epoch the next ``__iter__`` continues: an unfinished one, or the one after the last finished."""
+        started = self._num_iter_calls
+        if started == 0 or self._exhausted_epoch == started - 1:
+            return started
+        return started - 1
+
+    def _distributed_sampler(self) -> Any | None:
+        return next((s for s in self._samplers() if isinstance(s, DistributedSampler)), None)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's position: ``fabric_epoch``, ``fabric_sampler_seed`` and the wrapped loader's own state.
+
+        ``fabric_epoch`` is the epoch the loader continues with after loading: the one in progress if iteration
+        stopped before its end, else the next one. ``dataloader`` is present when the wrapped loader has a
+        ``state_dict`` (a plain ``DataLoader`` has none; it restarts the saved epoch from its beginning).
+        """
+        state: dict[str, Any] = {"fabric_epoch": self._resume_epoch()}
+        sampler = self._distributed_sampler()
+        if sampler is not None:
+            state["fabric_sampler_seed"] = int(sampler.seed)
+        inner = getattr(self._dataloader, "state_dict", None)
+        if callable(inner):
+            state["dataloader"] = inner()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned; a wrapped loader's own state (as saved unwrapped) works too."""
+        if not isinstance(state_dict, dict):
+            raise TypeError(
+                f"`FabricDataLoader.load_state_dict` expects the dict `state_dict()` returned, got a"
+                f" {type(state_dict).__name__}."
+            )
+        if "fabric_epoch" not in state_dict:
+            # The wrapped loader's own state, e.g. saved from the unwrapped loader: the epoch counter stays.
+            self._load_inner(state_dict)
+            return
+        if "dataloader" in state_dict:
+            self._load_inner(state_dict["dataloader"])
+        sampler = self._distributed_sampler()
+        if sampler is not None and "fabric_sampler_seed" in state_dict:
+            sampler.seed = int(state_dict["fabric_sampler_seed"])
+        epoch = int(state_dict["fabric_epoch"])
+        self._num_iter_calls = epoch
+        self._exhausted_epoch = epoch - 1
+        # Samplers get the epoch now as well, in case the wrapped loader materialises its iterator before the
+        # next ``__iter__`` (torchdata's does in ``state_dict()``).
+        self._set_epoch(epoch)
+
+    def _load_inner(self, state: Any) -> None:
+        load = getattr(self._dataloader, "load_state_dict", None)
+        if not callable(load):
+            raise TypeError(
+                f"The checkpoint holds the state of a stateful dataloader, but the `{type(self._dataloader).__name__}`"
+                " set up here has no `load_state_dict`. Load it into the same kind of loader it was saved from (e.g."
+                " torchdata's `StatefulDataLoader`), or load the checkpoint with `strict=False` and leave this"
+                " key out of the state you pass to `fabric.load`."
+            )
+        load(state)
 
 
 def unwrap_compiled(obj: Any) -> tuple[Any, dict[str, Any] | None]:
@@ -594,8 +667,12 @@ def is_wrapped(obj: object) -> bool:
     return isinstance(obj, (FabricModule, FabricOptimizer, FabricDataLoader))
 
 
-def unwrap_objects(collection: Any) -> Any:
-    """Replace wrappers by what the strategy works with (e.g. the DDP module, the raw optimizer)."""
+def unwrap_objects(collection: Any, *, dataloaders: bool = True) -> Any:
+    """Replace wrappers by what the strategy works with (e.g. the DDP module, the raw optimizer).
+
+    With ``dataloaders=False`` a ``FabricDataLoader`` stays as it is: checkpoints save it through its own
+    ``state_dict``, which carries the epoch counter beside the wrapped loader's state.
+    """
 
     def unwrap(obj: Any) -> Any:
         if _is_compiled(obj):
@@ -604,13 +681,16 @@ def unwrap_objects(collection: Any) -> Any:
             return obj._forward_module if not _is_compiled(obj._forward_module) else obj._forward_module._orig_mod
         if isinstance(obj, FabricOptimizer):
             return obj.optimizer
-        if isinstance(obj, FabricDataLoader):
+        if isinstance(obj, FabricDataLoader) and dataloaders:
             return obj._dataloader
         return obj
 
     types = (FabricModule, FabricOptimizer, FabricDataLoader, Module)
     if isinstance(collection, dict):
-        return {k: unwrap_objects(v) if isinstance(v, (dict, list, tuple)) else unwrap(v) for k, v in collection.items()}
+        return {
+            k: unwrap_objects(v, dataloaders=dataloaders) if isinstance(v, (dict, list, tuple)) else unwrap(v)
+            for k, v in collection.items()
+        }
     if isinstance(collection, (list, tuple)) and not isinstance(collection, types):
         return type(collection)(unwrap(v) for v in collection)
     return unwrap(collection)

@@ -220,18 +220,23 @@ def convert_tensors_to_scalars(data: Any) -> Any:
 
 
 def iterate_moved(
-    start: Callable[[], Iterator[Any]], device: torch.device | str | int
+    start: Callable[[], Iterator[Any]],
+    device: torch.device | str | int,
+    exhausted: Callable[[], None] | None = None,
 ) -> Generator[Any, None, None]:
     """Yield the batches of ``start()`` moved to ``device``, each exactly as :func:`move_data_to_device` would.
 
-    ``start`` runs at the first ``next()``, so a loader's epoch begins when iteration does. For the CPU, the test
-    for the most common batch (a list or tuple of CPU tensors, as ``default_collate`` builds them) is the one in
+    ``start`` runs at the first ``next()``, so a loader's epoch begins when iteration does; ``exhausted`` runs
+    once ``start()``'s iterator has ended (not when the generator is closed early). For the CPU, the test for the
+    most common batch (a list or tuple of CPU tensors, as ``default_collate`` builds them) is the one in
     :func:`batch_mover`, inlined here: such a batch costs no call beyond the loop itself.
     """
     iterator = start()
     move = batch_mover(device)
     if _as_device(device) != _CPU:
         yield from map(move, iterator)
+        if exhausted is not None:
+            exhausted()
         return
     for batch in iterator:
         cls = type(batch)
@@ -243,3 +248,5 @@ def iterate_moved(
                 yield cls(batch)
                 continue
         yield move(batch)
+    if exhausted is not None:
+        exhausted()

@@ -8,12 +8,17 @@ arguments it does not store, from the constructor arguments recorded by :func:`c
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
+import random
+import re
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import torch
 from torch.utils.data import (
     BatchSampler,
     DataLoader,
@@ -31,6 +36,7 @@ __all__ = [
     "distributed_sampler_for",
     "needs_distributed_sampler",
     "reinstantiate_dataloader",
+    "wrapped_sampler_seed",
 ]
 
 _HINT_NO_SAMPLER = (
@@ -48,6 +54,53 @@ class DataLoaderRebuildError(TypeError):
 # --------------------------------------------------------------------------------------------------------------------
 
 
+def wrapped_sampler_seed(seed: int, epoch: int) -> int:
+    """The seed a wrapped sampler draws its order from in ``epoch``: the same on every rank, new every epoch.
+
+    Derived by hashing, so it is the same in every process and on every platform, and does not coincide with the
+    ``seed + epoch`` the ``DistributedSampler`` shuffles positions with.
+    """
+    digest = hashlib.blake2b(f"fabric-wrapped-sampler:{int(seed)}:{int(epoch)}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+@contextmanager
+def _seeded_draws(sampler: object, seed: int) -> Iterator[None]:
+    """Make what ``sampler`` draws while the block runs a function of ``seed`` alone; restore everything after.
+
+    * a ``generator`` attribute that holds ``None`` or a ``torch.Generator`` (torch's and torchdata's samplers) is
+      replaced by a fresh generator seeded with ``seed``, then put back;
+    * the global RNGs of torch (CPU), Python's ``random`` and, if already imported, NumPy are seeded with ``seed``
+      and restored afterwards, so samplers that draw from them without a generator agree too, and the user's
+      global random streams are not advanced by materialising the sampler.
+    """
+    saved_random = random.getstate()
+    numpy = sys.modules.get("numpy")
+    saved_numpy = numpy.random.get_state() if numpy is not None else None
+    swapped = False
+    original = getattr(sampler, "generator", None)
+    if hasattr(sampler, "generator") and (original is None or isinstance(original, torch.Generator)):
+        device = original.device if original is not None else "cpu"
+        try:
+            sampler.generator = torch.Generator(device=device).manual_seed(seed)  # type: ignore[attr-defined]
+            swapped = True
+        except (AttributeError, TypeError):  # a read-only property: the global RNGs below still apply
+            pass
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            random.seed(seed)
+            if numpy is not None:
+                numpy.random.seed(seed % 2**32)
+            yield
+    finally:
+        if swapped:
+            sampler.generator = original  # type: ignore[attr-defined]
+        random.setstate(saved_random)
+        if numpy is not None:
+            numpy.random.set_state(saved_numpy)
+
+
 class _SamplerIndices:
     """Indexable view of the indices a sampler yields, so ``DistributedSampler`` can shard them like a dataset."""
 
@@ -55,9 +108,17 @@ class _SamplerIndices:
         self.sampler = sampler
         self._indices: list[Any] | None = None
 
-    def refresh(self) -> None:
-        # Random samplers yield a new order every epoch, so the list is rebuilt before each pass.
-        self._indices = list(self.sampler)
+    def refresh(self, seed: int | None = None) -> None:
+        """Materialise the sampler's order for this pass (random samplers yield a new one every epoch).
+
+        With ``seed``, the sampler draws from RNGs seeded with it (see :func:`_seeded_draws`), so every rank
+        materialises the same order.
+        """
+        if seed is None:
+            self._indices = list(self.sampler)
+            return
+        with _seeded_draws(self.sampler, seed):
+            self._indices = list(self.sampler)
 
     def __len__(self) -> int:
         return len(self.sampler)  # type: ignore[arg-type]
@@ -86,6 +147,13 @@ class DistributedSamplerWrapper(DistributedSampler):
     Each process gets a disjoint, equally long part of the wrapped sampler's output, so custom sampling strategies
     (weighted, grouped, ...) keep working under data parallelism. The wrapped sampler is iterated again on every
     ``__iter__`` so per-epoch randomness is preserved.
+
+    Sharding is only disjoint if every rank materialises the same order. So each ``__iter__`` draws the wrapped
+    order from RNGs seeded with :func:`wrapped_sampler_seed` ``(seed, epoch)``: the sampler's own ``generator``
+    (if it has one that is ``None`` or a ``torch.Generator``) and the global torch/``random``/NumPy RNGs, all
+    restored afterwards. The order is then a function of ``(seed, epoch)`` and the sampler's own attributes, the
+    same on every rank. A sampler with a private RNG of another kind, or whose attributes differ between ranks, is
+    outside this guarantee.
     """
 
     def __init__(
@@ -114,7 +182,7 @@ class DistributedSamplerWrapper(DistributedSampler):
 
     def __iter__(self) -> Iterator[Any]:
         indices: _SamplerIndices = self.dataset  # type: ignore[assignment]
-        indices.refresh()
+        indices.refresh(wrapped_sampler_seed(self.seed, self.epoch))
         return (indices[position] for position in super().__iter__())
 
     def set_epoch(self, epoch: int) -> None:
@@ -358,7 +426,29 @@ def _arguments_from_attributes(
     return bound, missing
 
 
-def _rebuild(obj: Any, base: type, overrides: dict[str, Any], required: tuple[str, ...], what: str) -> Any:
+_MULTIPLE_VALUES = re.compile(r"got multiple values for (?:keyword )?argument '(\w+)'")
+
+
+def _construct(cls: type, bound: inspect.BoundArguments) -> Any:
+    """``cls(*bound.args, **bound.kwargs)``, explaining the one mistake re-creation commonly uncovers."""
+    try:
+        return cls(*bound.args, **bound.kwargs)
+    except TypeError as err:
+        match = _MULTIPLE_VALUES.search(str(err))
+        if match is None:
+            raise
+        name = match.group(1)
+        raise DataLoaderRebuildError(
+            f"The `{cls.__name__}` implementation has an error where more than one `__init__` argument can be"
+            f" passed to its parent's `{name}=...` `__init__` argument. This is likely caused by"
+            f" `{cls.__name__}.__init__` setting `{name}` itself while also forwarding `**kwargs` that carry"
+            f" `{name}` too: to inject a (distributed) sampler, Fabric re-creates the object with the arguments"
+            f" it was built with, `{name}` among them. Filter `kwargs` so they don't contain the `{name}` key (e.g."
+            f" `kwargs.pop({name!r}, None)` before calling `super().__init__`). " + _HINT_NO_SAMPLER
+        ) from err
+
+
+def _rebuild(obj: Any, base: type, overrides: dict[str, Any], required: tuple[str, ...]) -> Any:
     """Create a new ``type(obj)`` with the same constructor arguments, except for ``overrides``.
 
     Keys in ``required`` must be accepted by the constructor; other overrides are only passed where accepted.
@@ -371,8 +461,8 @@ def _rebuild(obj: Any, base: type, overrides: dict[str, Any], required: tuple[st
         missing = [name for name in missing if name not in overrides]
         if missing:
             raise DataLoaderRebuildError(
-                f"Trying to inject {what} into the `{cls.__name__}` instance, but it cannot be re-created: some of"
-                " its `__init__` arguments are not available as instance attributes. The missing attributes are"
+                f"Trying to inject custom `Sampler` into the `{cls.__name__}` instance. This would fail as some of"
+                " the `__init__` arguments are not available as instance attributes. The missing attributes are"
                 f" {missing}. Store them as attributes with the same names, or create the `{cls.__name__}` inside"
                 " `fabric.launch(fn)` / `fabric.run()`, where constructor arguments are captured"
                 " (`capture_init_arguments()`). " + _HINT_NO_SAMPLER
@@ -391,47 +481,82 @@ def _rebuild(obj: Any, base: type, overrides: dict[str, Any], required: tuple[st
             bound.arguments[var_kw] = {**bound.arguments.get(var_kw, {}), name: value}
         elif name in required:
             not_accepted.append(name)
+    if not_accepted and base is BatchSampler:
+        raise DataLoaderRebuildError(
+            "Trying to inject a modified sampler into the batch sampler; however, it seems the class"
+            f" `{cls.__name__}` does not have an argument called `sampler` (neither by name nor through"
+            " `**kwargs`). Add a `sampler` argument to its `__init__` and pass it on to `BatchSampler.__init__`. "
+            + _HINT_NO_SAMPLER
+        )
     if not_accepted:
         raise DataLoaderRebuildError(
-            f"Trying to inject {what} into the `{cls.__name__}` instance, but its `__init__` does not accept the"
-            f" arguments {not_accepted} (neither by name nor through `**kwargs`). Add them to the signature and"
-            " forward them to the base class. " + _HINT_NO_SAMPLER
+            f"Trying to inject parameters into the `{cls.__name__}` instance. This would fail as it doesn't expose"
+            f" all its attributes in the `__init__` signature. The missing arguments are {not_accepted} (accepted"
+            " neither by name nor through `**kwargs`). Add them to the signature and forward them to the base"
+            " class. " + _HINT_NO_SAMPLER
         )
-    return cls(*bound.args, **bound.kwargs)
+    return _construct(cls, bound)
 
 
 def _rebuild_batch_sampler(batch_sampler: BatchSampler, sampler: Sampler) -> BatchSampler:
     if type(batch_sampler) is BatchSampler:
         return BatchSampler(sampler, batch_sampler.batch_size, batch_sampler.drop_last)
-    return _rebuild(
-        batch_sampler,
-        BatchSampler,
-        {"sampler": sampler},
-        required=("sampler",),
-        what="a (distributed) sampler",
-    )
+    return _rebuild(batch_sampler, BatchSampler, {"sampler": sampler}, required=("sampler",))
+
+
+_BATCH_SAMPLER_API = (
+    " To mitigate this, either follow the API of `BatchSampler` (subclass `torch.utils.data.BatchSampler`, or"
+    " accept `Cls(sampler, batch_size=..., drop_last=...)` and keep `batch_size` and `drop_last` as attributes),"
+    " or pass `use_distributed_sampler=False` to `setup_dataloaders` and shard the indices inside your batch"
+    " sampler yourself."
+)
+
+
+def _rebuild_duck_batch_sampler(batch_sampler: Any, sampler: Sampler) -> Any:
+    """Re-create a batch sampler that has ``BatchSampler``'s interface without subclassing it."""
+    cls = type(batch_sampler)
+    name = cls.__name__
+    if not (hasattr(batch_sampler, "batch_size") and hasattr(batch_sampler, "drop_last")):
+        raise DataLoaderRebuildError(
+            f"Fabric can't inject a (distributed) sampler into your batch sampler `{name}`, because it doesn't"
+            " subclass PyTorch's `BatchSampler` and has no `batch_size` and `drop_last` attributes to re-create it"
+            " with." + _BATCH_SAMPLER_API.replace("Cls", name)
+        )
+    try:
+        return cls(sampler, batch_size=batch_sampler.batch_size, drop_last=batch_sampler.drop_last)
+    except TypeError as err:
+        raise DataLoaderRebuildError(
+            f"Fabric can't inject a (distributed) sampler into your batch sampler `{name}`, because it doesn't"
+            f" subclass PyTorch's `BatchSampler` and re-creating it as `{name}(sampler, batch_size=...,"
+            f" drop_last=...)` failed: {err}." + _BATCH_SAMPLER_API.replace("Cls", name)
+        ) from err
+
+
+def _loader_builds_its_batch_sampler(dataloader: DataLoader) -> bool:
+    """Whether re-creating ``dataloader`` with ``sampler=``/``batch_size=`` gives it its batch sampler again.
+
+    True without a batch sampler, for a plain ``BatchSampler``, and for one the loader made itself: a DataLoader
+    keeps ``batch_size`` only when it built the batch sampler from it (torchdata's ``StatefulDataLoader`` builds a
+    ``BatchSampler`` subclass of its own), and sets it to ``None`` for one passed as ``batch_sampler=``.
+    """
+    batch_sampler = dataloader.batch_sampler
+    return batch_sampler is None or type(batch_sampler) is BatchSampler or dataloader.batch_size is not None
 
 
 def reinstantiate_dataloader(dataloader: DataLoader, sampler: Sampler) -> DataLoader:
     """Return a new loader of the same class and arguments as ``dataloader`` that draws indices from ``sampler``.
 
-    A plain ``BatchSampler`` (the default one, or one passed explicitly) is dropped and the loader rebuilds it from
-    ``batch_size``/``drop_last``; a ``BatchSampler`` subclass is re-created around ``sampler`` so its batching logic
-    is kept. Batch samplers that are not ``BatchSampler`` subclasses give no way to inject a sampler and raise.
+    A batch sampler the loader builds itself (the default one, also a library's own subclass such as torchdata's)
+    and a plain ``BatchSampler`` passed explicitly are dropped: the loader builds one again from
+    ``batch_size``/``drop_last`` around ``sampler``. A user's ``BatchSampler`` subclass is re-created around
+    ``sampler`` so its batching logic is kept; so is a batch sampler that only has ``BatchSampler``'s interface
+    (``batch_size``, ``drop_last``, iterable), as ``type(bs)(sampler, batch_size=..., drop_last=...)``.
     """
     batch_sampler = dataloader.batch_sampler
-    if batch_sampler is not None and not isinstance(batch_sampler, BatchSampler):
-        raise TypeError(
-            f"Cannot inject a (distributed) sampler into your batch sampler `{type(batch_sampler).__name__}`, because"
-            " it does not subclass PyTorch's `BatchSampler`. Either subclass `torch.utils.data.BatchSampler` (taking"
-            " the sampler as its `sampler` argument), or pass `use_distributed_sampler=False` to"
-            " `setup_dataloaders` and shard the indices inside your batch sampler yourself."
-        )
-
     overrides: dict[str, Any]
-    if batch_sampler is None or type(batch_sampler) is BatchSampler:
+    if _loader_builds_its_batch_sampler(dataloader):
         overrides = {"sampler": sampler, "shuffle": False, "batch_sampler": None}
-        if batch_sampler is not None:
+        if batch_sampler is not None and dataloader.batch_size is None:
             # Take the batching from the batch sampler: with ``batch_sampler=BatchSampler(...)`` the loader's own
             # ``batch_size`` is None.
             overrides["batch_size"] = batch_sampler.batch_size
@@ -441,12 +566,16 @@ def reinstantiate_dataloader(dataloader: DataLoader, sampler: Sampler) -> DataLo
             overrides["drop_last"] = dataloader.drop_last
         required: tuple[str, ...] = ("sampler",)
     else:
+        if isinstance(batch_sampler, BatchSampler):
+            new_batch_sampler = _rebuild_batch_sampler(batch_sampler, sampler)
+        else:
+            new_batch_sampler = _rebuild_duck_batch_sampler(batch_sampler, sampler)
         overrides = {
             "sampler": None,
             "shuffle": False,
-            "batch_sampler": _rebuild_batch_sampler(batch_sampler, sampler),
+            "batch_sampler": new_batch_sampler,
             "batch_size": 1,
             "drop_last": False,
         }
         required = ("batch_sampler",)
-    return _rebuild(dataloader, DataLoader, overrides, required=required, what="a (distributed) sampler")
+    return _rebuild(dataloader, DataLoader, overrides, required=required)
