@@ -197,9 +197,9 @@ def rewire_optimizer(optimizer: Optimizer, replaced: Replacements) -> None:
                 params[i] = entry[1]  # in place: optimizers such as LBFGS keep a reference to this list
     if not any(is_dtensor(p) for group in optimizer.param_groups for p in group["params"]):
         raise ValueError(
-            "The optimizer does not reference any parameter of a model set up with the FSDP strategy. Set up"
-            " the model first (`model = fabric.setup_module(model)`), create the optimizer from"
-            " `model.parameters()`, then call `fabric.setup_optimizers(optimizer)`."
+            "The optimizer does not seem to reference any FSDP parameters. HINT: Make sure to create the optimizer"
+            " after setting up the model: `model = fabric.setup_module(model)`, then build the optimizer from"
+            " `model.parameters()` and call `fabric.setup_optimizers(optimizer)`."
         )
 
 

@@ -57,8 +57,9 @@ class _FSDPBackwardSyncControl(BackwardSyncControl):
             return
         if not is_fsdp(module):
             raise TypeError(
-                "Blocking backward sync is only possible if the module passed to `no_backward_sync` was set up"
-                f" with the FSDP strategy; got {type(module).__name__}."
+                "Blocking backward sync is only possible if the module passed to `FSDPStrategy.no_backward_sync` is"
+                " wrapped in `FullyShardedDataParallel` (with FSDP2: sharded by `fully_shard`, as `fabric.setup`"
+                f" does). Got: {type(module).__name__}. Pass the model returned by `fabric.setup`."
             )
         module.set_requires_gradient_sync(False)  # type: ignore[operator]
         try:
@@ -301,8 +302,10 @@ class FSDPStrategy(ParallelStrategy):
         """Clip by the norm over *all* shards on all ranks; returns that norm as a plain tensor."""
         if not is_fsdp(self.unwrap_module(module)):
             raise TypeError(
-                "Gradient clipping by norm with the FSDP strategy needs the model that was set up with it; got"
-                f" a {type(module).__name__}."
+                "Gradient clipping with FSDP is only possible if the module passed to"
+                " `FSDPStrategy.clip_gradients_norm` is wrapped in `FullyShardedDataParallel` (with FSDP2: sharded"
+                f" by `fully_shard`, as `fabric.setup` does). Got: {type(module).__name__}. Pass the model returned"
+                " by `fabric.setup`."
             )
         self.precision.unscale_gradients(optimizer)
         params = [p for p in self.precision.main_params(optimizer) if p.grad is not None]
@@ -324,15 +327,16 @@ class FSDPStrategy(ParallelStrategy):
         key, model = fsdp_checkpoint.find_model(state, "save")
         if model is None:
             raise ValueError(
-                "Could not find an FSDP model in the state to save. Pass the model set up with `fabric.setup` like"
-                " `fabric.save(path, {'model': model, 'optimizer': optimizer, ...})`."
+                "Could not find a FSDP model in the provided checkpoint state. Pass the model set up with"
+                " `fabric.setup` as part of the state, like `fabric.save(path, {'model': model, 'optimizer':"
+                " optimizer, ...})`."
             )
         if self.state_dict_type == "full":
             fsdp_checkpoint.save_full(self, path, state, storage_options, filter)
             return
         if filter is not None:
             raise NotImplementedError(
-                "`fabric.save(..., filter=...)` is not supported with sharded FSDP checkpoints. Use"
+                "FSDP doesn't support loading sharded filtered checkpoints, so saving them is disabled. Use"
                 " `FSDPStrategy(state_dict_type='full')` to filter, or save without a filter."
             )
         if storage_options is not None:
