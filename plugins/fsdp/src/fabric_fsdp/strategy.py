@@ -3,7 +3,8 @@
 Wiring only: the process group, ranks and collectives come from the core's ``ParallelStrategy``; sharding is the
 recipe of free functions in :mod:`fabric_fsdp.sharding`; checkpoints are :mod:`fabric_fsdp.checkpoint`, built on
 the core's checkpoint building blocks; the precision hands over its FSDP policy as a value
-(:mod:`fabric_fsdp.precision`). The README lists the choices worth knowing.
+(:mod:`fabric_fsdp.precision`); the reference's FSDP1 arguments are mapped onto FSDP2 by
+:mod:`fabric_fsdp.arguments`. The README lists the choices worth knowing.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from fabric_core.io.state import Filter
 from fabric_core.strategies.base import BackwardSyncControl
 from fabric_core.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
 from fabric_core.utilities.rank_zero import rank_zero_warn
+from fabric_fsdp import arguments, sharding
 from fabric_fsdp import checkpoint as fsdp_checkpoint
-from fabric_fsdp import sharding
 from fabric_fsdp.precision import FSDPPrecision
 from fabric_fsdp.sharding import DEFAULT_WRAP_CLASSES, ModulePolicy, Replacements, is_fsdp
 
@@ -40,7 +41,6 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_WRAP_CLASSES", "FSDPStrategy"]
 
-_SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
 _STATE_DICT_TYPES = ("sharded", "full")
 
 
@@ -71,25 +71,38 @@ class _FSDPBackwardSyncControl(BackwardSyncControl):
 class FSDPStrategy(ParallelStrategy):
     """Fully sharded data parallel with FSDP2.
 
+    The arguments of the reference's FSDP1 strategy are accepted and mapped onto FSDP2, or refused with an
+    error naming the FSDP2 way (:mod:`fabric_fsdp.arguments`; the README has the table).
+
     Args:
         auto_wrap_policy: which submodules become their own FSDP unit (all-gathered and freed on their own):
-            a set of module classes or a function ``fn(module) -> bool``. Default: every
+            a set of module classes, a function ``fn(module) -> bool``, an FSDP1 policy callable
+            ``fn(module, recurse, nonwrapped_numel)`` (e.g. ``partial(size_based_auto_wrap_policy, ...)``, run the
+            way FSDP1 runs it) or a ``ModuleWrapPolicy``/``CustomPolicy``. Default: every
             ``nn.TransformerEncoderLayer``/``nn.TransformerDecoderLayer``. The root module is always sharded,
             so a model without such layers is one unit (simple, but the whole model is gathered at once).
-        activation_checkpointing: module classes (or ``fn(module) -> bool``) whose activations are recomputed
-            in backward instead of stored.
-        cpu_offload: keep sharded parameters, gradients and optimizer state in CPU memory (``True`` or a
-            ``torch.distributed.fsdp.CPUOffloadPolicy``). Has no effect, with a warning, when training on CPU.
+        activation_checkpointing: modules whose activations are recomputed in backward instead of stored; the
+            same forms as ``auto_wrap_policy``.
+        activation_checkpointing_policy: the reference's name for ``activation_checkpointing`` (pass one of them).
+        cpu_offload: keep sharded parameters, gradients and optimizer state in CPU memory: ``True``, FSDP1's
+            ``CPUOffload(offload_params=True)`` or FSDP2's ``CPUOffloadPolicy``. Has no effect, with a warning,
+            when training on CPU.
+        mixed_precision: an FSDP2 ``MixedPrecisionPolicy`` or an FSDP1 ``MixedPrecision`` (mapped field by
+            field); takes precedence over the precision plugin's policy.
         reshard_after_forward: for the units the wrap policy makes: free their gathered parameters after
             forward (``True``, least memory) or keep them for backward (``False``); an int reshards to that group
             size; ``None`` is torch's default. The root keeps torch's default unless this is ``False``.
         sharding_strategy: ``"FULL_SHARD"`` (default), ``"SHARD_GRAD_OP"`` (= ``reshard_after_forward=False``),
             ``"HYBRID_SHARD"`` (shard within a node, replicate across nodes: a 2D mesh of
-            ``(num_nodes, devices)``), or ``"NO_SHARD"`` (replicate everywhere, like DDP).
+            ``(num_nodes, devices)``), ``"_HYBRID_SHARD_ZERO2"`` (hybrid without resharding after forward) or
+            ``"NO_SHARD"`` (replicate everywhere, like DDP); a name or a ``ShardingStrategy`` member.
         device_mesh: the mesh shape, ``(shard,)`` or ``(replicate, shard)``, or a ready ``DeviceMesh``;
             overrides what ``sharding_strategy`` implies.
         state_dict_type: ``"sharded"`` (default; a directory written by all ranks in parallel, loadable on any
             number of ranks) or ``"full"`` (one file written by rank 0, readable by every strategy).
+        **kwargs: FSDP1 ``FullyShardedDataParallel`` keyword arguments: ``use_orig_params``,
+            ``limit_all_gathers``, ``backward_prefetch``, ``forward_prefetch``, ``sync_module_states``,
+            ``param_init_fn``, ``process_group``, ``ignored_modules``, ``ignored_states``, ``device_id``.
     """
 
     def __init__(
@@ -104,11 +117,14 @@ class FSDPStrategy(ParallelStrategy):
         start_method: str = "popen",
         auto_wrap_policy: ModulePolicy = None,
         activation_checkpointing: ModulePolicy = None,
-        cpu_offload: bool | Any = False,
+        cpu_offload: Any = False,
         reshard_after_forward: bool | int | None = True,
-        sharding_strategy: str = "FULL_SHARD",
+        sharding_strategy: Any = "FULL_SHARD",
         device_mesh: tuple[int, ...] | DeviceMesh | None = None,
         state_dict_type: str = "sharded",
+        mixed_precision: Any = None,
+        activation_checkpointing_policy: ModulePolicy = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(
             accelerator=accelerator,
@@ -122,19 +138,29 @@ class FSDPStrategy(ParallelStrategy):
         )
         if state_dict_type not in _STATE_DICT_TYPES:
             raise ValueError(f"`state_dict_type` must be one of {_STATE_DICT_TYPES}, got {state_dict_type!r}.")
-        sharding_strategy = str(sharding_strategy).upper()
-        if sharding_strategy not in _SHARDING_STRATEGIES:
-            raise ValueError(f"`sharding_strategy` must be one of {_SHARDING_STRATEGIES}, got {sharding_strategy!r}.")
+        self.state_dict_type = state_dict_type
+        sharding_strategy = arguments.sharding_strategy_name(sharding_strategy)
         if isinstance(device_mesh, tuple) and not (
             1 <= len(device_mesh) <= 2 and all(isinstance(n, int) and n > 0 for n in device_mesh)
         ):
             raise ValueError(f"`device_mesh` must be (shard,) or (replicate, shard) positive ints, got {device_mesh!r}.")
+        if activation_checkpointing is not None and activation_checkpointing_policy is not None:
+            raise ValueError(
+                "You cannot set both `activation_checkpointing` and `activation_checkpointing_policy`. Use the latter"
+                " (here they take the same values)."
+            )
+        checkpointing = activation_checkpointing_policy if activation_checkpointing_policy is not None else activation_checkpointing
+        checkpointing_name = "activation_checkpointing" if activation_checkpointing is not None else "activation_checkpointing_policy"
         self._wrap_policy = sharding.as_policy(auto_wrap_policy or DEFAULT_WRAP_CLASSES, "auto_wrap_policy")
-        self._activation_checkpointing = sharding.as_policy(activation_checkpointing, "activation_checkpointing")
-        self.cpu_offload = cpu_offload
-        self.reshard_after_forward = False if sharding_strategy == "SHARD_GRAD_OP" else reshard_after_forward
+        self._activation_checkpointing = sharding.as_policy(checkpointing, checkpointing_name)
+        #: the FSDP2 ``OffloadPolicy`` every ``fully_shard`` call gets (a ``CPUOffloadPolicy`` when offloading)
+        self.offload_policy = arguments.as_offload_policy(cpu_offload)
+        self.mixed_precision = mixed_precision
+        self._mixed_precision = arguments.as_mixed_precision(mixed_precision)
+        self._fsdp1 = arguments.fsdp1_options(kwargs)
+        no_reshard = sharding_strategy in arguments.NO_RESHARD_STRATEGIES
+        self.reshard_after_forward = False if no_reshard else reshard_after_forward
         self.sharding_strategy = sharding_strategy
-        self.state_dict_type = state_dict_type
         self._device_mesh_arg = device_mesh
         self._mesh: DeviceMesh | None = None
         self._replaced: Replacements = {}
@@ -144,6 +170,18 @@ class FSDPStrategy(ParallelStrategy):
             weakref.WeakKeyDictionary()
         )
         self._backward_sync_control = _FSDPBackwardSyncControl()
+
+    # ---------------------------------------------------------------------------------------- plugins
+    @property
+    def cpu_offload(self) -> bool:
+        """Whether parameters, gradients and optimizer state are offloaded to CPU memory."""
+        from torch.distributed.fsdp import CPUOffloadPolicy
+
+        return isinstance(self.offload_policy, CPUOffloadPolicy)
+
+    @cpu_offload.setter
+    def cpu_offload(self, value: Any) -> None:
+        self.offload_policy = arguments.as_offload_policy(value)
 
     # ---------------------------------------------------------------------------------------- topology
     @property
@@ -159,7 +197,7 @@ class FSDPStrategy(ParallelStrategy):
         if arg is not None:
             return tuple(arg.shape)
         world = self.world_size
-        if self.sharding_strategy == "HYBRID_SHARD":
+        if self.sharding_strategy in arguments.HYBRID_STRATEGIES:
             return (self.num_nodes, max(1, world // max(1, self.num_nodes)))
         if self.sharding_strategy == "NO_SHARD":
             return (world, 1)
@@ -214,22 +252,22 @@ class FSDPStrategy(ParallelStrategy):
 
     # ---------------------------------------------------------------------------------------- setup
     def _offload_policy(self) -> Any:
-        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+        from torch.distributed.fsdp import OffloadPolicy
 
-        policy = self.cpu_offload
-        if not policy:
-            return OffloadPolicy()
-        if self.root_device.type == "cpu":
+        if self.cpu_offload and self.root_device.type == "cpu":
             rank_zero_warn(
                 "`cpu_offload` has no effect when training on the CPU (the parameters already live there); it is"
                 " ignored."
             )
             return OffloadPolicy()
-        return policy if isinstance(policy, OffloadPolicy) else CPUOffloadPolicy()
+        return self.offload_policy
 
     def _mp_policy(self, root: bool) -> Any:
+        """The ``MixedPrecisionPolicy`` of one ``fully_shard`` call: ``mixed_precision=`` wins over the precision's."""
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
+        if self._mixed_precision is not None:
+            return self._mixed_precision(root)
         precision = self.fsdp_precision
         policy = precision.mixed_precision_policy(root=root) if precision is not None else None
         return policy if policy is not None else MixedPrecisionPolicy()
@@ -238,15 +276,22 @@ class FSDPStrategy(ParallelStrategy):
         """Activation checkpointing, shard, then materialise meta weights (see :mod:`fabric_fsdp.sharding`)."""
         from torch.distributed.fsdp import CPUOffloadPolicy
 
+        arguments.check_device_id(self._fsdp1.device_id, self.root_device)
         if is_fsdp(module):
             rank_zero_warn("The model is already sharded with `fully_shard`; the FSDP strategy uses it as it is.")
             self._models.add(module)
             self._may_stay_gathered[module] = [weakref.ref(m) for m in module.modules() if is_fsdp(m)]
             return module
+        arguments.warn_unkept_modules(self.mixed_precision, module)
+        if self._fsdp1.sync_module_states:
+            sharding.broadcast_module_states(module, self.root_device)
         sharding.apply_activation_checkpointing(module, self._activation_checkpointing)
         offload = self._offload_policy()
+        ignored = self._fsdp1.resolve_ignored()
+        # By name: materialising a meta model replaces the parameter objects.
+        ignored_names = [name for name, p in module.named_parameters() if p in ignored]
         units, replaced = sharding.shard(
-            module, self.device_mesh, self._wrap_policy, self._mp_policy, offload, self.reshard_after_forward
+            module, self.device_mesh, self._wrap_policy, self._mp_policy, offload, self.reshard_after_forward, ignored
         )
         self._replaced.update(replaced)
         # Units that reshard after forward never keep gathered parameters beyond a forward; the others may.
@@ -256,6 +301,12 @@ class FSDPStrategy(ParallelStrategy):
             device = torch.device("cpu") if isinstance(offload, CPUOffloadPolicy) else self.root_device
             seed = self.broadcast(int(torch.randint(0, 2**31 - 1, (1,)).item()) if self.is_global_zero else None)
             sharding.materialize(module, device, self.device_mesh, seed)
+        # FSDP2 leaves ignored parameters where they are: put them on this rank's device, whole.
+        params = dict(module.named_parameters())
+        with torch.no_grad():
+            for name in ignored_names:
+                if params[name].device != self.root_device:
+                    params[name].data = params[name].data.to(self.root_device)
         self._models.add(module)
         return module
 
@@ -343,6 +394,7 @@ class FSDPStrategy(ParallelStrategy):
             raise TypeError(
                 "Sharded FSDP checkpoints take no `storage_options`: they are written with torch.distributed.checkpoint."
             )
+
         assert key is not None
         fsdp_checkpoint.save_sharded(self, path, key, model, state)
 
