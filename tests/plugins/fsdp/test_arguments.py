@@ -1,4 +1,4 @@
-"""fabric-fsdp: the reference's FSDPStrategy arguments mapped onto FSDP2.
+"""fabric-fsdp: the reference's FSDPStrategy arguments mapped onto FSDP2, its guard rails, and its messages.
 
 Construction and policy selection are checked in this process (no process group needed); what needs sharding
 runs on 2 real ranks over gloo (``scripts/argument_checks.py``), with the assertions here.
@@ -26,7 +26,12 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.fsdp.wrap import CustomPolicy, ModuleWrapPolicy, size_based_auto_wrap_policy
 
-from fabric_fsdp import FSDPStrategy
+from fabric_core import Fabric
+from fabric_core.io.checkpoint_io import TorchCheckpointIO
+from fabric_core.precision.base import Precision
+from fabric_core.precision.double import DoublePrecision
+from fabric_core.precision.half import HalfPrecision
+from fabric_fsdp import FSDPPrecision, FSDPStrategy
 from fabric_fsdp import arguments as fsdp_arguments
 from fabric_fsdp.sharding import as_policy
 
@@ -255,6 +260,52 @@ def test_device_id_must_match_the_rank_device() -> None:
         fsdp_arguments.check_device_id(0, torch.device("cuda", 1))
 
 
+# ----------------------------------------------------------------------------------------------------- guard rails
+class RecordingIO(TorchCheckpointIO):
+    pass
+
+
+def test_precision_plugins_of_other_strategies_are_refused() -> None:
+    from fabric_amp.precision import MixedPrecision as AutocastPrecision
+
+    match = r"The FSDP strategy can only work with the `FSDPPrecision` plugin, found"
+    with pytest.raises(TypeError, match=match + r".*FSDPPrecision\('bf16-mixed'\)"):
+        Fabric(accelerator="cpu", strategy="fsdp", devices=2, plugins=[AutocastPrecision("bf16-mixed")])
+    with pytest.raises(TypeError, match=match + r".*FSDPPrecision\('bf16-true'\)"):
+        Fabric(accelerator="cpu", strategy="fsdp", devices=2, plugins=[HalfPrecision("bf16-true")])
+    with pytest.raises(TypeError, match=match):
+        FSDPStrategy(precision=HalfPrecision("16-true"))
+    strategy = FSDPStrategy()
+    with pytest.raises(TypeError, match=match):
+        strategy.precision = HalfPrecision("bf16-true")
+    assert type(strategy.precision) is Precision  # unchanged: the default
+    # FSDP's own precision and the core's 32-true/64-true (FSDP2 shards what they leave) are accepted.
+    for ok in (FSDPPrecision("bf16-mixed"), Precision(), DoublePrecision()):
+        assert FSDPStrategy(precision=ok).precision is ok
+    assert isinstance(Fabric(accelerator="cpu", strategy="fsdp", devices=2, precision="64-true").strategy.precision, DoublePrecision)
+
+
+def test_a_custom_checkpoint_io_is_for_full_checkpoints_only() -> None:
+    match = r"The `FSDPStrategy` does not support setting a `CheckpointIO` plugin for sharded checkpoints"
+    with pytest.raises(NotImplementedError, match=match + r".*state_dict_type='full'"):
+        FSDPStrategy(checkpoint_io=RecordingIO())
+    with pytest.raises(NotImplementedError, match=match):
+        Fabric(accelerator="cpu", strategy="fsdp", devices=2, plugins=[RecordingIO()])
+    sharded = FSDPStrategy()
+    with pytest.raises(NotImplementedError, match=match):
+        sharded.checkpoint_io = RecordingIO()
+    sharded.checkpoint_io = TorchCheckpointIO()  # the default kind is fine
+    # Full checkpoints are written through it; switching such a strategy to sharded is refused.
+    io = RecordingIO()
+    fabric = Fabric(accelerator="cpu", strategy=FSDPStrategy(state_dict_type="full"), devices=2, plugins=[io])
+    assert fabric.strategy.checkpoint_io is io
+    with pytest.raises(NotImplementedError, match=match):
+        fabric.strategy.state_dict_type = "sharded"
+    assert fabric.strategy.state_dict_type == "full"
+    with pytest.raises(ValueError, match="state_dict_type"):
+        fabric.strategy.state_dict_type = "local"
+
+
 # ----------------------------------------------------------------------------------------------------- 2 ranks
 @pytest.mark.multiprocess
 def test_arguments_on_two_ranks(tmp_path: Path) -> None:
@@ -319,3 +370,15 @@ def test_arguments_on_two_ranks(tmp_path: Path) -> None:
     pre = r["presharded"]
     assert pre["units"] == blocks and pre["block_dtypes"] == ["torch.float32", "torch.bfloat16"]
     assert pre["finite"]
+
+    # Checkpoints: a custom CheckpointIO writes full checkpoints (rank 0) and receives storage_options.
+    assert r["io_calls_per_rank"] == [1, 0] and r["io_storage_options"] == {"bucket": "b"}
+    assert r["sharded_storage_options"].startswith(
+        "`FSDPStrategy.save_checkpoint(..., storage_options=...)` is not supported because `FSDPStrategy` does not"
+        " use the `CheckpointIO`"
+    )
+    # load_raw of a plain PyTorch optimizer state into the sharded optimizer works (the reference refuses it).
+    assert r["load_raw_optimizer_exp_avg_diff"] == 0.0 and r["load_raw_optimizer_step"] == 3.0
+    # Several FSDP models when loading: the reference's words.
+    assert r["two_models_load"].startswith("Found multiple FSDP models in the given state")
+    assert "Loading checkpoints with FSDP is limited to a single model" in r["two_models_load"]

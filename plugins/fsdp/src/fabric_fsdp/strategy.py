@@ -23,6 +23,7 @@ from torch.nn import Module
 from torch.optim import Optimizer
 
 from fabric_core.io.state import Filter
+from fabric_core.precision.base import Precision
 from fabric_core.strategies.base import BackwardSyncControl
 from fabric_core.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
 from fabric_core.utilities.rank_zero import rank_zero_warn
@@ -37,11 +38,38 @@ if TYPE_CHECKING:
     from fabric_core.accelerators.base import Accelerator
     from fabric_core.environments.base import ClusterEnvironment
     from fabric_core.io.checkpoint_io import CheckpointIO
-    from fabric_core.precision.base import Precision
 
 __all__ = ["DEFAULT_WRAP_CLASSES", "FSDPStrategy"]
 
 _STATE_DICT_TYPES = ("sharded", "full")
+
+
+def _check_precision(precision: Precision | None) -> None:
+    """FSDP casts through its sharding policy: an autocast or half-precision plugin of another strategy would
+    fight it. The core's 32-true and 64-true precisions are fine (FSDP2 shards the model as they leave it)."""
+    from fabric_core.precision.double import DoublePrecision
+    from fabric_core.precision.full import FullPrecision
+
+    if precision is None or isinstance(precision, FSDPPrecision) or type(precision) in (Precision, FullPrecision, DoublePrecision):
+        return
+    name = getattr(precision, "precision", None)
+    from fabric_fsdp.precision import SUPPORTED
+
+    hint = (
+        f" Pass `FSDPPrecision({name!r})` (from fabric_fsdp) or the name, `Fabric(strategy='fsdp', precision={name!r})`."
+        if name in SUPPORTED
+        else f" Pass one of {SUPPORTED} as `precision=`, or an `FSDPPrecision`."
+    )
+    raise TypeError(
+        f"The FSDP strategy can only work with the `FSDPPrecision` plugin, found {precision!r}. FSDP2 applies mixed"
+        " and half precision through its sharding policy, not through another strategy's precision plugin." + hint
+    )
+
+
+def _is_default_io(io: Any) -> bool:
+    from fabric_core.io.checkpoint_io import TorchCheckpointIO
+
+    return io is None or type(io) is TorchCheckpointIO
 
 
 class _FSDPBackwardSyncControl(BackwardSyncControl):
@@ -99,7 +127,8 @@ class FSDPStrategy(ParallelStrategy):
         device_mesh: the mesh shape, ``(shard,)`` or ``(replicate, shard)``, or a ready ``DeviceMesh``;
             overrides what ``sharding_strategy`` implies.
         state_dict_type: ``"sharded"`` (default; a directory written by all ranks in parallel, loadable on any
-            number of ranks) or ``"full"`` (one file written by rank 0, readable by every strategy).
+            number of ranks) or ``"full"`` (one file written by rank 0, readable by every strategy). A custom
+            ``CheckpointIO`` is used for full checkpoints and refused for sharded ones.
         **kwargs: FSDP1 ``FullyShardedDataParallel`` keyword arguments: ``use_orig_params``,
             ``limit_all_gathers``, ``backward_prefetch``, ``forward_prefetch``, ``sync_module_states``,
             ``param_init_fn``, ``process_group``, ``ignored_modules``, ``ignored_states``, ``device_id``.
@@ -126,6 +155,7 @@ class FSDPStrategy(ParallelStrategy):
         activation_checkpointing_policy: ModulePolicy = None,
         **kwargs: Any,
     ) -> None:
+        _check_precision(precision)
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -138,7 +168,8 @@ class FSDPStrategy(ParallelStrategy):
         )
         if state_dict_type not in _STATE_DICT_TYPES:
             raise ValueError(f"`state_dict_type` must be one of {_STATE_DICT_TYPES}, got {state_dict_type!r}.")
-        self.state_dict_type = state_dict_type
+        self._state_dict_type = state_dict_type
+        self._check_checkpoint_io(self.configured_checkpoint_io)
         sharding_strategy = arguments.sharding_strategy_name(sharding_strategy)
         if isinstance(device_mesh, tuple) and not (
             1 <= len(device_mesh) <= 2 and all(isinstance(n, int) and n > 0 for n in device_mesh)
@@ -182,6 +213,51 @@ class FSDPStrategy(ParallelStrategy):
     @cpu_offload.setter
     def cpu_offload(self, value: Any) -> None:
         self.offload_policy = arguments.as_offload_policy(value)
+
+    @property
+    def precision(self) -> Precision:
+        return ParallelStrategy.precision.fget(self)  # type: ignore[attr-defined]
+
+    @precision.setter
+    def precision(self, precision: Precision | None) -> None:
+        _check_precision(precision)
+        self.configured_precision = precision
+
+    @property
+    def checkpoint_io(self) -> CheckpointIO:
+        return ParallelStrategy.checkpoint_io.fget(self)  # type: ignore[attr-defined]
+
+    @checkpoint_io.setter
+    def checkpoint_io(self, io: CheckpointIO | None) -> None:
+        self._check_checkpoint_io(io)
+        self.configured_checkpoint_io = io
+
+    @property
+    def state_dict_type(self) -> str:
+        """``"sharded"`` or ``"full"``; may be changed between saves."""
+        return self._state_dict_type
+
+    @state_dict_type.setter
+    def state_dict_type(self, value: str) -> None:
+        if value not in _STATE_DICT_TYPES:
+            raise ValueError(f"`state_dict_type` must be one of {_STATE_DICT_TYPES}, got {value!r}.")
+        self._check_checkpoint_io(self.configured_checkpoint_io, value)
+        self._state_dict_type = value
+
+    def _check_checkpoint_io(self, io: Any, state_dict_type: str | None = None) -> None:
+        """A custom ``CheckpointIO`` writes full checkpoints; sharded ones are DCP's, so it would be bypassed."""
+        if (state_dict_type or self._state_dict_type) == "sharded" and not _is_default_io(io):
+            raise NotImplementedError(
+                "The `FSDPStrategy` does not support setting a `CheckpointIO` plugin for sharded checkpoints"
+                f" (`state_dict_type='sharded'`), got {type(io).__name__}: they are written by"
+                " torch.distributed.checkpoint, every rank its own shards, so it would not be used. Pass"
+                " `FSDPStrategy(state_dict_type='full')` to save through it (rank 0 writes one file with it), or"
+                " leave it out."
+            )
+
+    def attach(self, **kwargs: Any) -> None:
+        super().attach(**kwargs)
+        self._check_checkpoint_io(self.configured_checkpoint_io)
 
     # ---------------------------------------------------------------------------------------- topology
     @property
@@ -370,7 +446,8 @@ class FSDPStrategy(ParallelStrategy):
         storage_options: Any | None = None,
         filter: Filter | None = None,
     ) -> None:
-        """Write ``state`` as a sharded directory (all ranks) or as one full file (rank 0).
+        """Write ``state`` as a sharded directory (all ranks) or as one full file (rank 0, through the
+        ``CheckpointIO``, which gets ``storage_options``).
 
         Exactly one FSDP model may be in ``state``; optimizers of that model are saved with it.
         """
@@ -383,6 +460,7 @@ class FSDPStrategy(ParallelStrategy):
                 " optimizer, ...})`."
             )
         if self.state_dict_type == "full":
+            # The CheckpointIO writes full checkpoints, so `storage_options` go to it (the default one refuses them).
             fsdp_checkpoint.save_full(self, path, state, storage_options, filter)
             return
         if filter is not None:
@@ -392,9 +470,12 @@ class FSDPStrategy(ParallelStrategy):
             )
         if storage_options is not None:
             raise TypeError(
-                "Sharded FSDP checkpoints take no `storage_options`: they are written with torch.distributed.checkpoint."
+                "`FSDPStrategy.save_checkpoint(..., storage_options=...)` is not supported because `FSDPStrategy`"
+                " does not use the `CheckpointIO` for sharded checkpoints (they are written with"
+                " torch.distributed.checkpoint). Leave `storage_options` out, or save with"
+                " `state_dict_type='full'` through a `CheckpointIO` that takes them."
             )
-
+        self._check_checkpoint_io(self.configured_checkpoint_io)
         assert key is not None
         fsdp_checkpoint.save_sharded(self, path, key, model, state)
 

@@ -1,5 +1,5 @@
 """2 ranks: the reference's FSDP1 arguments on FSDP2 (policies, MixedPrecision, CPUOffload, sharding strategies,
-FSDP1 keyword arguments). Every configuration is a new Fabric in the same
+FSDP1 keyword arguments) and the checkpoint guard rails. Every configuration is a new Fabric in the same
 processes (the process group is created once). Writes ``arguments.json``; the assertions are in
 ``test_arguments.py``.
 """
@@ -27,7 +27,18 @@ from torch.distributed.tensor import DTensor
 from variants import STEPS, reference
 
 from fabric_core import Fabric
+from fabric_core.io.checkpoint_io import TorchCheckpointIO
 from fabric_fsdp import FSDPStrategy
+
+IO_CALLS: list[dict] = []
+
+
+class RecordingIO(TorchCheckpointIO):
+    """Records the calls and takes `storage_options` (the default CheckpointIO refuses them)."""
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None):
+        IO_CALLS.append({"storage_options": storage_options})
+        return super().save_checkpoint(checkpoint, path)
 
 
 def new_fabric(strategy, precision=None) -> Fabric:
@@ -203,6 +214,48 @@ def main() -> None:
     finite = all(torch.isfinite(p.grad.full_tensor()).all() for p in model.parameters())
     results["presharded"] = {"units": units(model.module), "block_dtypes": [dtypes[0], dtypes[1]], "finite": bool(finite)}
     c.mark("device_id, presharded")
+
+    # ---------------------------------------------------------------- checkpoints
+    fabric = new_fabric(FSDPStrategy(state_dict_type="full", checkpoint_io=RecordingIO()))
+    model = fabric.setup_module(c.make_model())
+    fabric.strategy.save_checkpoint(out / "full.ckpt", {"model": model.module}, storage_options={"bucket": "b"})
+    results["io_calls_per_rank"] = fabric.all_gather(torch.tensor(len(IO_CALLS))).tolist()
+    if rank == 0:
+        results["io_storage_options"] = IO_CALLS[0]["storage_options"]
+
+    fabric = new_fabric("fsdp")
+    model = fabric.setup_module(c.make_model())
+    results["sharded_storage_options"] = c.expect_error(
+        TypeError, "storage_options", fabric.strategy.save_checkpoint, out / "sharded", {"model": model.module}, storage_options={"a": 1}
+    )
+    fabric.save(out / "sharded", {"model": model})
+    other = fabric.setup_module(c.make_model())
+    results["two_models_load"] = c.expect_error(ValueError, "FSDP models", fabric.load, out / "sharded", {"model": model, "other": other})
+
+    # load_raw: a plain PyTorch AdamW state (3 steps) into the sharded optimizer of the same model.
+    plain = c.make_model()
+    plain_opt = torch.optim.AdamW(plain.parameters(), lr=1e-2)
+    x, y = c.make_data(3, 2)
+    for s in range(3):
+        plain_opt.zero_grad()
+        nn.functional.mse_loss(plain(x[s]), y[s]).backward()
+        plain_opt.step()
+    if rank == 0:
+        torch.save(plain_opt.state_dict(), out / "raw_optimizer.pt")
+    fabric.barrier()
+    model = fabric.setup_module(c.make_model())
+    optimizer = fabric.setup_optimizers(torch.optim.AdamW(model.parameters(), lr=1e-2))
+    fabric.load_raw(out / "raw_optimizer.pt", optimizer)
+    state = optimizer.optimizer.state
+    diffs, steps = [], set()
+    for (_, param), (_, plain_param) in zip(model.module.named_parameters(), plain.named_parameters()):
+        exp_avg = state[param]["exp_avg"]
+        exp_avg = exp_avg.full_tensor() if isinstance(exp_avg, DTensor) else exp_avg
+        diffs.append(float((exp_avg - plain_opt.state[plain_param]["exp_avg"]).abs().max()))
+        steps.add(float(state[param]["step"]))
+    results["load_raw_optimizer_exp_avg_diff"] = max(diffs)
+    results["load_raw_optimizer_step"] = steps.pop() if len(steps) == 1 else sorted(steps)
+    c.mark("checkpoints")
 
     if rank == 0:
         c.dump(out / "arguments.json", results)
