@@ -86,10 +86,12 @@ def test_training_checkpoints_and_bad_inputs(tmp_path: Path) -> None:
 
     # Bad inputs give clear errors and touch nothing.
     errors = r["errors"]
-    assert "Found 2 FSDP models" in errors["two_models"]
-    assert "filter" in errors["filter_sharded"] and "state_dict_type='full'" in errors["filter_sharded"]
+    assert "Found multiple FSDP models in the given state" in errors["two_models"]
+    assert "Saving checkpoints with FSDP is limited to a single model" in errors["two_models"]
+    assert errors["filter_sharded"].startswith("FSDP doesn't support loading sharded filtered checkpoints")
+    assert "state_dict_type='full'" in errors["filter_sharded"]
     assert "setup_module" in errors["meta_joint_setup"]
-    assert "does not reference any parameter" in errors["stale_optimizer"]
+    assert errors["stale_optimizer"].startswith("The optimizer does not seem to reference any FSDP parameters")
     assert "not an FSDP checkpoint" in errors["non_checkpoint_dir"]
     assert r["bad_dir_untouched"]
     assert "pickle" in errors["failed_save"]
@@ -324,7 +326,7 @@ def test_precision_hook_answers_for_fsdp_only() -> None:
     assert policy.output_dtype == torch.float32 and mixed.mixed_precision_policy(root=False).output_dtype is None
     assert FSDPPrecision("bf16-true").mixed_precision_policy() is None
     assert not mixed.requires_fabric_backward
-    with pytest.raises(ValueError, match="not supported by the FSDP strategies"):
+    with pytest.raises(ValueError, match=r"`precision='64-true'` is not supported in FSDP. `precision` must be one of"):
         FSDPPrecision("64-true")
 
 

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from fabric_fsdp.strategy import FSDPStrategy
 
 __all__ = [
+    "CheckpointPathError",
     "find_model",
     "load",
     "load_sharded_checkpoint",
@@ -143,13 +144,19 @@ def load_sharded_checkpoint(
 
 
 # ---------------------------------------------------------------------------------------------------- strategy side
+class CheckpointPathError(FileNotFoundError, ValueError):
+    """Nothing at the path given to ``fabric.load``: a ``FileNotFoundError``, and the reference's ``ValueError``."""
+
+
 def find_model(state: dict[str, Any], action: str) -> tuple[str | None, Module | None]:
     """The one FSDP model in ``state`` (key and module), or ``(None, None)``; several are an error."""
     found = [(k, v) for k, v in state.items() if isinstance(v, Module) and is_fsdp(v)]
     if len(found) > 1:
+        verb = "Saving" if action == "save" else "Loading"
         raise ValueError(
-            f"Found {len(found)} FSDP models in the state to {action} ({', '.join(repr(k) for k, _ in found)})."
-            " An FSDP checkpoint holds exactly one sharded model: save each model in its own checkpoint."
+            f"Found multiple FSDP models in the given state ({', '.join(repr(k) for k, _ in found)}). {verb}"
+            " checkpoints with FSDP is limited to a single model per checkpoint: save each model in its own"
+            " checkpoint (a separate path), and load each from its own."
         )
     return found[0] if found else (None, None)
 
@@ -226,9 +233,20 @@ def load(
     (a full file from any strategy, another plugin's directory through its reader) is read whole by every rank,
     and each keeps its shard."""
     if not path.exists():
-        raise FileNotFoundError(f"Checkpoint not found: {str(path)!r}")
+        raise CheckpointPathError(
+            f"The path {str(path)!r} does not point to a valid checkpoint: nothing exists there. Make sure the path"
+            " points to either a directory with FSDP checkpoint shards, or a single file with a full checkpoint."
+        )
     if is_sharded_checkpoint(path):
         return _load_sharded(strategy, path, state, strict, weights_only)
+    find_reader = strategy._find_checkpoint_reader
+    if path.is_dir() and (find_reader is None or find_reader(path) is None):
+        raise ValueError(
+            f"The path {str(path)!r} does not point to a valid checkpoint. Make sure the path points to either a"
+            " directory with FSDP checkpoint shards, or a single file with a full checkpoint. (A sharded"
+            " checkpoint of another strategy is read by its plugin when that is installed; `fabric plugins`"
+            " lists them.)"
+        )
     return restore_state(
         state,
         strategy.read_checkpoint(path, weights_only=weights_only),
@@ -273,9 +291,9 @@ def _load_sharded(
     bare = isinstance(state, (Module, Optimizer))
     if not bare and not state:
         raise ValueError(
-            "Loading a sharded FSDP checkpoint needs the model to load into: pass it like"
-            " `fabric.load(path, {'model': model, 'optimizer': optimizer})`. To get a single file with"
-            f" everything instead, run `fabric consolidate {path}`."
+            "Could not find a FSDP model in the provided checkpoint state: loading a sharded FSDP checkpoint needs"
+            " the model to load into. Pass it like `fabric.load(path, {'model': model, 'optimizer': optimizer})`."
+            f" To get a single file with everything instead, run `fabric consolidate {path}`."
         )
     meta, record = read_meta(path, weights_only=weights_only)
     model_key: str = record["module"]

@@ -34,11 +34,20 @@ class FSDPPrecision(Precision):
 
     def __init__(self, precision: str = "32-true", scaler: Any = None, reduce_dtype: torch.dtype | None = torch.float32) -> None:
         if precision not in SUPPORTED:
+            extra = (
+                " For float64, pass the name to Fabric instead (`Fabric(strategy='fsdp', precision='64-true')`): the"
+                " core's double precision casts the model and FSDP2 shards it as it is."
+                if precision == "64-true"
+                else ""
+            )
             raise ValueError(
-                f"`precision={precision!r}` is not supported by the FSDP strategies. Choose one of {SUPPORTED}."
+                f"`precision={precision!r}` is not supported in FSDP. `precision` must be one of: {SUPPORTED}." + extra
             )
         if scaler is not None and precision != "16-mixed":
-            raise ValueError(f"A gradient scaler is only used with `precision='16-mixed'`, not {precision!r}.")
+            raise ValueError(
+                f"`precision={precision!r}` does not use a scaler, found {scaler}. A gradient scaler is only used with"
+                " `precision='16-mixed'`: drop the `scaler` argument."
+            )
         self.precision = precision
         self.scaler = scaler
         self.reduce_dtype = reduce_dtype

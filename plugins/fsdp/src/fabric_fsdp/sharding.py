@@ -8,6 +8,7 @@ the new parameters by :func:`rewire_optimizer`; gradients are clipped over every
 from __future__ import annotations
 
 import contextlib
+import inspect
 import warnings
 import weakref
 from collections.abc import Callable, Generator, Iterable
@@ -27,24 +28,145 @@ if TYPE_CHECKING:
 #: Modules sharded on their own when no ``auto_wrap_policy`` is given (the root is always sharded).
 DEFAULT_WRAP_CLASSES: tuple[type[Module], ...] = (torch.nn.TransformerEncoderLayer, torch.nn.TransformerDecoderLayer)
 
-ModulePolicy = Callable[[Module], bool] | Iterable[type[Module]] | None
+#: What a user may pass as ``auto_wrap_policy``/``activation_checkpointing(_policy)``: module classes, a predicate
+#: ``fn(module) -> bool``, an FSDP1 policy callable ``fn(module, recurse, nonwrapped_numel) -> bool`` (such as
+#: ``functools.partial(size_based_auto_wrap_policy, min_num_params=...)``), or an FSDP1 ``ModuleWrapPolicy`` /
+#: ``CustomPolicy`` object.
+ModulePolicy = Any
+#: A policy made uniform: ``select(root, ignored_params)`` returns the submodules it picks, descendants before
+#: ancestors. The root may be among them; a module whose parameters are all ignored never is.
+Selector = Callable[[Module, "frozenset[Parameter]"], list[Module]]
 #: Parameters replaced by sharding: id(old parameter) -> (weak reference to it, the sharded parameter).
 Replacements = dict[int, tuple[weakref.ref, Parameter]]
 
 
-def as_policy(policy: ModulePolicy, name: str) -> Callable[[Module], bool] | None:
-    """A set of module classes or a predicate ``fn(module) -> bool`` becomes a predicate."""
+def as_policy(policy: ModulePolicy, name: str) -> Selector | None:
+    """Turn any accepted form of a module policy into a :data:`Selector` (``None`` stays ``None``).
+
+    * classes (one, or an iterable): the modules that are instances of them;
+    * ``fn(module) -> bool``: the modules it returns true for;
+    * an FSDP1 policy callable ``fn(module, recurse, nonwrapped_numel)``: run the way FSDP1 runs it (see
+      :func:`_fsdp1_selection`), so ``size_based_auto_wrap_policy`` picks the same modules as under FSDP1;
+    * ``ModuleWrapPolicy``/``CustomPolicy`` (FSDP1 policy objects): the modules they target. A ``CustomPolicy``
+      that returns per-module FSDP1 arguments (a non-empty dict) is refused when it is applied.
+
+    Malformed policies are refused here, at construction, not at setup.
+    """
     if policy is None:
         return None
-    if callable(policy) and not isinstance(policy, type):
-        return policy
-    classes = (policy,) if isinstance(policy, type) else tuple(policy)
-    bad = [c for c in classes if not (isinstance(c, type) and issubclass(c, Module))]
-    if bad:
+    policy_base = _fsdp1_policy_base()
+    if policy_base is not None and isinstance(policy, policy_base):
+        return _ordered(lambda root, ignored: _policy_object_selection(policy, root, name))
+    if isinstance(policy, type) or (not callable(policy) and isinstance(policy, Iterable)):
+        classes = (policy,) if isinstance(policy, type) else tuple(policy)
+        bad = [c for c in classes if not (isinstance(c, type) and issubclass(c, Module))]
+        if bad:
+            raise TypeError(
+                f"`{name}` must be a set of `nn.Module` subclasses, a function `fn(module) -> bool`, an FSDP1 policy"
+                f" `fn(module, recurse, nonwrapped_numel)`, or a `ModuleWrapPolicy`/`CustomPolicy`; got {bad[0]!r}."
+            )
+        return _ordered(lambda root, ignored: [m for m in root.modules() if isinstance(m, classes)])
+    if callable(policy):
+        kind = _callable_kind(policy)
+        if kind == "fsdp1":
+            return _ordered(lambda root, ignored: _fsdp1_selection(policy, root, ignored))
+        if kind == "predicate":
+            return _ordered(lambda root, ignored: [m for m in root.modules() if policy(m)])
         raise TypeError(
-            f"`{name}` must be a set of `nn.Module` subclasses or a function `fn(module) -> bool`, got {bad[0]!r}."
+            f"`{name}` is a callable that takes neither `(module)` nor FSDP1's `(module, recurse, nonwrapped_numel)`"
+            f" (its signature is {kind}). Pass `fn(module) -> bool`, or an FSDP1 policy such as"
+            " `functools.partial(size_based_auto_wrap_policy, min_num_params=...)`."
         )
-    return lambda module: isinstance(module, classes)
+    raise TypeError(
+        f"`{name}` must be a set of `nn.Module` subclasses, a function `fn(module) -> bool`, an FSDP1 policy"
+        f" `fn(module, recurse, nonwrapped_numel)`, or a `ModuleWrapPolicy`/`CustomPolicy`; got {policy!r}."
+    )
+
+
+def _fsdp1_policy_base() -> type | None:
+    try:
+        from torch.distributed.fsdp.wrap import _Policy
+    except ImportError:  # pragma: no cover - torch without FSDP1
+        return None
+    return _Policy
+
+
+def _callable_kind(fn: Callable[..., Any]) -> str:
+    """``"predicate"`` for ``fn(module)``, ``"fsdp1"`` for ``fn(module, recurse, nonwrapped_numel)``, else the
+    signature (as text) for the error message. FSDP1 calls its policies with those three keywords."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return "predicate"  # builtins and C callables: nothing to inspect, call them with the module
+    if "recurse" in signature.parameters:
+        return "fsdp1"
+    with contextlib.suppress(TypeError):
+        signature.bind(None)
+        return "predicate"
+    with contextlib.suppress(TypeError):
+        signature.bind(module=None, recurse=True, nonwrapped_numel=0)
+        return "fsdp1"
+    return str(signature)
+
+
+def _all_ignored(module: Module, ignored: frozenset[Parameter]) -> bool:
+    params = list(module.parameters())
+    return bool(ignored) and bool(params) and all(p in ignored for p in params)
+
+
+def _ordered(select: Callable[[Module, frozenset[Parameter]], list[Module]]) -> Selector:
+    """Wrap a raw selection: no duplicates, nothing whose parameters are all ignored, descendants first."""
+
+    def selector(root: Module, ignored: frozenset[Parameter] = frozenset()) -> list[Module]:
+        chosen = {id(m) for m in select(root, ignored)}
+        # modules() is pre-order (every module before its descendants), so its reverse puts descendants first.
+        return [m for m in reversed(list(root.modules())) if id(m) in chosen and not _all_ignored(m, ignored)]
+
+    return selector
+
+
+def _fsdp1_selection(fn: Callable[..., Any], root: Module, ignored: frozenset[Parameter]) -> list[Module]:
+    """The modules an FSDP1 policy callable picks, asked the way FSDP1's recursive wrapping asks it.
+
+    For each module, ``fn(module=m, recurse=True, nonwrapped_numel=<its parameters>)`` decides whether to look
+    into its children; after the children, ``fn(module=m, recurse=False, nonwrapped_numel=<its parameters not in
+    a picked descendant>)`` decides whether ``m`` itself is picked. The root is never picked (FSDP1 wraps it
+    anyway for sharding; torch's activation checkpointing skips it too). Ignored parameters are not counted and
+    modules whose parameters are all ignored are not visited.
+    """
+    chosen: list[Module] = []
+
+    def visit(module: Module, is_root: bool) -> int:
+        """Returns how many of ``module``'s parameters (elements) end up in picked modules."""
+        if not is_root and _all_ignored(module, ignored):
+            return 0
+        numel = sum(p.numel() for p in module.parameters() if p not in ignored)
+        if not fn(module=module, recurse=True, nonwrapped_numel=numel):
+            return 0
+        picked = sum(visit(child, False) for child in module.children())
+        if not is_root and fn(module=module, recurse=False, nonwrapped_numel=numel - picked):
+            chosen.append(module)
+            return numel
+        return picked
+
+    visit(root, True)
+    return chosen
+
+
+def _policy_object_selection(policy: Any, root: Module, name: str) -> list[Module]:
+    """The modules a ``ModuleWrapPolicy``/``CustomPolicy`` targets (torch's own ``_run_policy``)."""
+    targets = policy._run_policy(root, set(), {})
+    with_arguments = {type(m).__name__: kwargs for m, kwargs in targets.items() if kwargs}
+    if with_arguments:
+        first = next(iter(with_arguments.items()))
+        raise ValueError(
+            f"The `{name}` policy returned FSDP1 arguments for single modules (e.g. {first[0]}: {first[1]}). FSDP2 has"
+            " no per-module FSDP1 arguments; let the policy return `True` for those modules instead. To give a"
+            " module its own FSDP2 options, call `fully_shard(module, mesh=fabric.strategy.device_mesh, ...)` on it"
+            " yourself after `fabric.launch()` and before `fabric.setup`: the strategy keeps units that are already"
+            " sharded."
+        )
+    return list(targets)
 
 
 def is_fsdp(module: Any) -> bool:
@@ -72,43 +194,66 @@ def build_mesh(device_type: str, shape: tuple[int, ...], world_size: int) -> Dev
     return init_device_mesh(device_type, shape, mesh_dim_names=names)
 
 
-def apply_activation_checkpointing(module: Module, policy: Callable[[Module], bool] | None) -> None:
-    """Recompute the activations of the submodules ``policy`` selects in backward instead of storing them.
+def apply_activation_checkpointing(module: Module, select: Selector | None) -> list[Module]:
+    """Recompute the activations of the submodules ``select`` picks in backward instead of storing them.
 
-    Parameter names do not change, so checkpoints stay compatible.
+    Uses torch's composable ``checkpoint``: parameter names do not change, so checkpoints stay compatible.
+    Returns the checkpointed modules.
     """
-    if policy is None:
-        return
+    if select is None:
+        return []
     from torch.distributed._composable import checkpoint
 
-    for sub in module.modules():
-        if policy(sub):
-            checkpoint(sub)
+    chosen = select(module, frozenset())
+    for sub in chosen:
+        checkpoint(sub)
+    return chosen
+
+
+def broadcast_module_states(module: Module, device: torch.device) -> None:
+    """Give every rank rank 0's parameters and buffers (FSDP1's ``sync_module_states=True``), before sharding.
+
+    Meta tensors are skipped: they have no values yet (meta initialisation agrees across ranks on its own).
+    Tensors travel through ``device`` (the backend's device: NCCL cannot broadcast CPU tensors).
+    """
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            if tensor.is_meta:
+                continue
+            carrier = tensor.data.to(device)
+            dist.broadcast(carrier, src=0)
+            if carrier is not tensor.data:
+                tensor.data.copy_(carrier)
 
 
 def shard(
     module: Module,
     mesh: DeviceMesh,
-    wrap_policy: Callable[[Module], bool],
+    select: Selector,
     mp_policy: Callable[[bool], Any],
     offload_policy: Any,
     reshard_after_forward: bool | int | None,
+    ignored_params: frozenset[Parameter] = frozenset(),
 ) -> tuple[list[Module], Replacements]:
-    """``fully_shard`` the units ``wrap_policy`` selects (children first), then the root.
+    """``fully_shard`` the units ``select`` picks (children first), then the root.
 
     ``mp_policy(root)`` gives each call its ``MixedPrecisionPolicy``. ``reshard_after_forward`` applies to the
     units; the root follows torch's default (``None``: it keeps its parameters from forward to backward, since
     backward starts with them and freeing them would add an all-gather to every step) unless resharding is off
-    everywhere. Returns the units and the parameters sharding replaced.
+    everywhere. ``ignored_params`` stay whole, unsharded tensors on every rank (FSDP2's ``ignored_params``), and
+    modules holding only ignored parameters do not become units. Modules that are already sharded (the user
+    called ``fully_shard`` on them) are kept as they are. Returns the units and the parameters sharding replaced.
     """
     from torch.distributed.fsdp import fully_shard
 
     before = [(owner, name, p) for owner in module.modules() for name, p in owner._parameters.items() if p is not None]
-    options = {"mesh": mesh, "offload_policy": offload_policy}
+    options: dict[str, Any] = {"mesh": mesh, "offload_policy": offload_policy}
+    if ignored_params:
+        options["ignored_params"] = set(ignored_params)
     units = []
-    # Children before parents: FSDP2 requires inner units to be sharded first.
-    for sub in reversed(list(module.modules())):
-        if sub is not module and not is_fsdp(sub) and wrap_policy(sub):
+    # Children before parents: FSDP2 requires inner units to be sharded first (the selector orders them so).
+    for sub in select(module, ignored_params):
+        if sub is not module and not is_fsdp(sub):
             units.append(sub)
             fully_shard(sub, mp_policy=mp_policy(False), reshard_after_forward=reshard_after_forward, **options)
     root_reshard = False if reshard_after_forward is False else None
@@ -148,8 +293,8 @@ def materialize(module: Module, device: torch.device, mesh: DeviceMesh, seed: in
     Only ``1/N`` of each parameter is ever allocated on a rank. Modules are reset children first, like
     construction would (a parent's initialisation of its children wins). Where DTensor has no distributed RNG
     (CPU), every rank would draw the same numbers for its shard, so each shard (not each replica) is drawn from
-    ``seed`` plus its coordinate; ``seed`` must be the same on every rank. Buffers are not sharded: rank 0's are
-    broadcast.
+    ``seed`` plus its coordinate; ``seed`` must be the same on every rank. Buffers and ignored parameters are not
+    sharded: rank 0's are broadcast.
     """
     module.to_empty(device=device)
     modules = list(module.named_modules())
@@ -177,8 +322,10 @@ def materialize(module: Module, device: torch.device, mesh: DeviceMesh, seed: in
             if reset is not None:
                 reset()
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        for buffer in module.buffers():
-            dist.broadcast(buffer.data, src=0)
+        # Buffers and parameters FSDP does not shard (`ignored_modules`) are whole on every rank: rank 0's win.
+        unsharded = [p for p in module.parameters() if not is_dtensor(p)]
+        for tensor in [*module.buffers(), *unsharded]:
+            dist.broadcast(tensor.data, src=0)
 
 
 def rewire_optimizer(optimizer: Optimizer, replaced: Replacements) -> None:
@@ -197,9 +344,9 @@ def rewire_optimizer(optimizer: Optimizer, replaced: Replacements) -> None:
                 params[i] = entry[1]  # in place: optimizers such as LBFGS keep a reference to this list
     if not any(is_dtensor(p) for group in optimizer.param_groups for p in group["params"]):
         raise ValueError(
-            "The optimizer does not reference any parameter of a model set up with the FSDP strategy. Set up"
-            " the model first (`model = fabric.setup_module(model)`), create the optimizer from"
-            " `model.parameters()`, then call `fabric.setup_optimizers(optimizer)`."
+            "The optimizer does not seem to reference any FSDP parameters. HINT: Make sure to create the optimizer"
+            " after setting up the model: `model = fabric.setup_module(model)`, then build the optimizer from"
+            " `model.parameters()` and call `fabric.setup_optimizers(optimizer)`."
         )
 
 

@@ -3,7 +3,8 @@
 Wiring only: the process group, ranks and collectives come from the core's ``ParallelStrategy``; sharding is the
 recipe of free functions in :mod:`fabric_fsdp.sharding`; checkpoints are :mod:`fabric_fsdp.checkpoint`, built on
 the core's checkpoint building blocks; the precision hands over its FSDP policy as a value
-(:mod:`fabric_fsdp.precision`). The README lists the choices worth knowing.
+(:mod:`fabric_fsdp.precision`); the reference's FSDP1 arguments are mapped onto FSDP2 by
+:mod:`fabric_fsdp.arguments`. The README lists the choices worth knowing.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from torch.nn import Module
 from torch.optim import Optimizer
 
 from fabric_core.io.state import Filter
+from fabric_core.precision.base import Precision
 from fabric_core.strategies.base import BackwardSyncControl
 from fabric_core.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
 from fabric_core.utilities.rank_zero import rank_zero_warn
+from fabric_fsdp import arguments, sharding
 from fabric_fsdp import checkpoint as fsdp_checkpoint
-from fabric_fsdp import sharding
 from fabric_fsdp.precision import FSDPPrecision
 from fabric_fsdp.sharding import DEFAULT_WRAP_CLASSES, ModulePolicy, Replacements, is_fsdp
 
@@ -36,12 +38,38 @@ if TYPE_CHECKING:
     from fabric_core.accelerators.base import Accelerator
     from fabric_core.environments.base import ClusterEnvironment
     from fabric_core.io.checkpoint_io import CheckpointIO
-    from fabric_core.precision.base import Precision
 
 __all__ = ["DEFAULT_WRAP_CLASSES", "FSDPStrategy"]
 
-_SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
 _STATE_DICT_TYPES = ("sharded", "full")
+
+
+def _check_precision(precision: Precision | None) -> None:
+    """FSDP casts through its sharding policy: an autocast or half-precision plugin of another strategy would
+    fight it. The core's 32-true and 64-true precisions are fine (FSDP2 shards the model as they leave it)."""
+    from fabric_core.precision.double import DoublePrecision
+    from fabric_core.precision.full import FullPrecision
+
+    if precision is None or isinstance(precision, FSDPPrecision) or type(precision) in (Precision, FullPrecision, DoublePrecision):
+        return
+    name = getattr(precision, "precision", None)
+    from fabric_fsdp.precision import SUPPORTED
+
+    hint = (
+        f" Pass `FSDPPrecision({name!r})` (from fabric_fsdp) or the name, `Fabric(strategy='fsdp', precision={name!r})`."
+        if name in SUPPORTED
+        else f" Pass one of {SUPPORTED} as `precision=`, or an `FSDPPrecision`."
+    )
+    raise TypeError(
+        f"The FSDP strategy can only work with the `FSDPPrecision` plugin, found {precision!r}. FSDP2 applies mixed"
+        " and half precision through its sharding policy, not through another strategy's precision plugin." + hint
+    )
+
+
+def _is_default_io(io: Any) -> bool:
+    from fabric_core.io.checkpoint_io import TorchCheckpointIO
+
+    return io is None or type(io) is TorchCheckpointIO
 
 
 class _FSDPBackwardSyncControl(BackwardSyncControl):
@@ -57,8 +85,9 @@ class _FSDPBackwardSyncControl(BackwardSyncControl):
             return
         if not is_fsdp(module):
             raise TypeError(
-                "Blocking backward sync is only possible if the module passed to `no_backward_sync` was set up"
-                f" with the FSDP strategy; got {type(module).__name__}."
+                "Blocking backward sync is only possible if the module passed to `FSDPStrategy.no_backward_sync` is"
+                " wrapped in `FullyShardedDataParallel` (with FSDP2: sharded by `fully_shard`, as `fabric.setup`"
+                f" does). Got: {type(module).__name__}. Pass the model returned by `fabric.setup`."
             )
         module.set_requires_gradient_sync(False)  # type: ignore[operator]
         try:
@@ -70,25 +99,39 @@ class _FSDPBackwardSyncControl(BackwardSyncControl):
 class FSDPStrategy(ParallelStrategy):
     """Fully sharded data parallel with FSDP2.
 
+    The arguments of the reference's FSDP1 strategy are accepted and mapped onto FSDP2, or refused with an
+    error naming the FSDP2 way (:mod:`fabric_fsdp.arguments`; the README has the table).
+
     Args:
         auto_wrap_policy: which submodules become their own FSDP unit (all-gathered and freed on their own):
-            a set of module classes or a function ``fn(module) -> bool``. Default: every
+            a set of module classes, a function ``fn(module) -> bool``, an FSDP1 policy callable
+            ``fn(module, recurse, nonwrapped_numel)`` (e.g. ``partial(size_based_auto_wrap_policy, ...)``, run the
+            way FSDP1 runs it) or a ``ModuleWrapPolicy``/``CustomPolicy``. Default: every
             ``nn.TransformerEncoderLayer``/``nn.TransformerDecoderLayer``. The root module is always sharded,
             so a model without such layers is one unit (simple, but the whole model is gathered at once).
-        activation_checkpointing: module classes (or ``fn(module) -> bool``) whose activations are recomputed
-            in backward instead of stored.
-        cpu_offload: keep sharded parameters, gradients and optimizer state in CPU memory (``True`` or a
-            ``torch.distributed.fsdp.CPUOffloadPolicy``). Has no effect, with a warning, when training on CPU.
+        activation_checkpointing: modules whose activations are recomputed in backward instead of stored; the
+            same forms as ``auto_wrap_policy``.
+        activation_checkpointing_policy: the reference's name for ``activation_checkpointing`` (pass one of them).
+        cpu_offload: keep sharded parameters, gradients and optimizer state in CPU memory: ``True``, FSDP1's
+            ``CPUOffload(offload_params=True)`` or FSDP2's ``CPUOffloadPolicy``. Has no effect, with a warning,
+            when training on CPU.
+        mixed_precision: an FSDP2 ``MixedPrecisionPolicy`` or an FSDP1 ``MixedPrecision`` (mapped field by
+            field); takes precedence over the precision plugin's policy.
         reshard_after_forward: for the units the wrap policy makes: free their gathered parameters after
             forward (``True``, least memory) or keep them for backward (``False``); an int reshards to that group
             size; ``None`` is torch's default. The root keeps torch's default unless this is ``False``.
         sharding_strategy: ``"FULL_SHARD"`` (default), ``"SHARD_GRAD_OP"`` (= ``reshard_after_forward=False``),
             ``"HYBRID_SHARD"`` (shard within a node, replicate across nodes: a 2D mesh of
-            ``(num_nodes, devices)``), or ``"NO_SHARD"`` (replicate everywhere, like DDP).
+            ``(num_nodes, devices)``), ``"_HYBRID_SHARD_ZERO2"`` (hybrid without resharding after forward) or
+            ``"NO_SHARD"`` (replicate everywhere, like DDP); a name or a ``ShardingStrategy`` member.
         device_mesh: the mesh shape, ``(shard,)`` or ``(replicate, shard)``, or a ready ``DeviceMesh``;
             overrides what ``sharding_strategy`` implies.
         state_dict_type: ``"sharded"`` (default; a directory written by all ranks in parallel, loadable on any
-            number of ranks) or ``"full"`` (one file written by rank 0, readable by every strategy).
+            number of ranks) or ``"full"`` (one file written by rank 0, readable by every strategy). A custom
+            ``CheckpointIO`` is used for full checkpoints and refused for sharded ones.
+        **kwargs: FSDP1 ``FullyShardedDataParallel`` keyword arguments: ``use_orig_params``,
+            ``limit_all_gathers``, ``backward_prefetch``, ``forward_prefetch``, ``sync_module_states``,
+            ``param_init_fn``, ``process_group``, ``ignored_modules``, ``ignored_states``, ``device_id``.
     """
 
     def __init__(
@@ -103,12 +146,16 @@ class FSDPStrategy(ParallelStrategy):
         start_method: str = "popen",
         auto_wrap_policy: ModulePolicy = None,
         activation_checkpointing: ModulePolicy = None,
-        cpu_offload: bool | Any = False,
+        cpu_offload: Any = False,
         reshard_after_forward: bool | int | None = True,
-        sharding_strategy: str = "FULL_SHARD",
+        sharding_strategy: Any = "FULL_SHARD",
         device_mesh: tuple[int, ...] | DeviceMesh | None = None,
         state_dict_type: str = "sharded",
+        mixed_precision: Any = None,
+        activation_checkpointing_policy: ModulePolicy = None,
+        **kwargs: Any,
     ) -> None:
+        _check_precision(precision)
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -121,19 +168,30 @@ class FSDPStrategy(ParallelStrategy):
         )
         if state_dict_type not in _STATE_DICT_TYPES:
             raise ValueError(f"`state_dict_type` must be one of {_STATE_DICT_TYPES}, got {state_dict_type!r}.")
-        sharding_strategy = str(sharding_strategy).upper()
-        if sharding_strategy not in _SHARDING_STRATEGIES:
-            raise ValueError(f"`sharding_strategy` must be one of {_SHARDING_STRATEGIES}, got {sharding_strategy!r}.")
+        self._state_dict_type = state_dict_type
+        self._check_checkpoint_io(self.configured_checkpoint_io)
+        sharding_strategy = arguments.sharding_strategy_name(sharding_strategy)
         if isinstance(device_mesh, tuple) and not (
             1 <= len(device_mesh) <= 2 and all(isinstance(n, int) and n > 0 for n in device_mesh)
         ):
             raise ValueError(f"`device_mesh` must be (shard,) or (replicate, shard) positive ints, got {device_mesh!r}.")
+        if activation_checkpointing is not None and activation_checkpointing_policy is not None:
+            raise ValueError(
+                "You cannot set both `activation_checkpointing` and `activation_checkpointing_policy`. Use the latter"
+                " (here they take the same values)."
+            )
+        checkpointing = activation_checkpointing_policy if activation_checkpointing_policy is not None else activation_checkpointing
+        checkpointing_name = "activation_checkpointing" if activation_checkpointing is not None else "activation_checkpointing_policy"
         self._wrap_policy = sharding.as_policy(auto_wrap_policy or DEFAULT_WRAP_CLASSES, "auto_wrap_policy")
-        self._activation_checkpointing = sharding.as_policy(activation_checkpointing, "activation_checkpointing")
-        self.cpu_offload = cpu_offload
-        self.reshard_after_forward = False if sharding_strategy == "SHARD_GRAD_OP" else reshard_after_forward
+        self._activation_checkpointing = sharding.as_policy(checkpointing, checkpointing_name)
+        #: the FSDP2 ``OffloadPolicy`` every ``fully_shard`` call gets (a ``CPUOffloadPolicy`` when offloading)
+        self.offload_policy = arguments.as_offload_policy(cpu_offload)
+        self.mixed_precision = mixed_precision
+        self._mixed_precision = arguments.as_mixed_precision(mixed_precision)
+        self._fsdp1 = arguments.fsdp1_options(kwargs)
+        no_reshard = sharding_strategy in arguments.NO_RESHARD_STRATEGIES
+        self.reshard_after_forward = False if no_reshard else reshard_after_forward
         self.sharding_strategy = sharding_strategy
-        self.state_dict_type = state_dict_type
         self._device_mesh_arg = device_mesh
         self._mesh: DeviceMesh | None = None
         self._replaced: Replacements = {}
@@ -143,6 +201,63 @@ class FSDPStrategy(ParallelStrategy):
             weakref.WeakKeyDictionary()
         )
         self._backward_sync_control = _FSDPBackwardSyncControl()
+
+    # ---------------------------------------------------------------------------------------- plugins
+    @property
+    def cpu_offload(self) -> bool:
+        """Whether parameters, gradients and optimizer state are offloaded to CPU memory."""
+        from torch.distributed.fsdp import CPUOffloadPolicy
+
+        return isinstance(self.offload_policy, CPUOffloadPolicy)
+
+    @cpu_offload.setter
+    def cpu_offload(self, value: Any) -> None:
+        self.offload_policy = arguments.as_offload_policy(value)
+
+    @property
+    def precision(self) -> Precision:
+        return ParallelStrategy.precision.fget(self)  # type: ignore[attr-defined]
+
+    @precision.setter
+    def precision(self, precision: Precision | None) -> None:
+        _check_precision(precision)
+        self.configured_precision = precision
+
+    @property
+    def checkpoint_io(self) -> CheckpointIO:
+        return ParallelStrategy.checkpoint_io.fget(self)  # type: ignore[attr-defined]
+
+    @checkpoint_io.setter
+    def checkpoint_io(self, io: CheckpointIO | None) -> None:
+        self._check_checkpoint_io(io)
+        self.configured_checkpoint_io = io
+
+    @property
+    def state_dict_type(self) -> str:
+        """``"sharded"`` or ``"full"``; may be changed between saves."""
+        return self._state_dict_type
+
+    @state_dict_type.setter
+    def state_dict_type(self, value: str) -> None:
+        if value not in _STATE_DICT_TYPES:
+            raise ValueError(f"`state_dict_type` must be one of {_STATE_DICT_TYPES}, got {value!r}.")
+        self._check_checkpoint_io(self.configured_checkpoint_io, value)
+        self._state_dict_type = value
+
+    def _check_checkpoint_io(self, io: Any, state_dict_type: str | None = None) -> None:
+        """A custom ``CheckpointIO`` writes full checkpoints; sharded ones are DCP's, so it would be bypassed."""
+        if (state_dict_type or self._state_dict_type) == "sharded" and not _is_default_io(io):
+            raise NotImplementedError(
+                "The `FSDPStrategy` does not support setting a `CheckpointIO` plugin for sharded checkpoints"
+                f" (`state_dict_type='sharded'`), got {type(io).__name__}: they are written by"
+                " torch.distributed.checkpoint, every rank its own shards, so it would not be used. Pass"
+                " `FSDPStrategy(state_dict_type='full')` to save through it (rank 0 writes one file with it), or"
+                " leave it out."
+            )
+
+    def attach(self, **kwargs: Any) -> None:
+        super().attach(**kwargs)
+        self._check_checkpoint_io(self.configured_checkpoint_io)
 
     # ---------------------------------------------------------------------------------------- topology
     @property
@@ -158,7 +273,7 @@ class FSDPStrategy(ParallelStrategy):
         if arg is not None:
             return tuple(arg.shape)
         world = self.world_size
-        if self.sharding_strategy == "HYBRID_SHARD":
+        if self.sharding_strategy in arguments.HYBRID_STRATEGIES:
             return (self.num_nodes, max(1, world // max(1, self.num_nodes)))
         if self.sharding_strategy == "NO_SHARD":
             return (world, 1)
@@ -213,22 +328,22 @@ class FSDPStrategy(ParallelStrategy):
 
     # ---------------------------------------------------------------------------------------- setup
     def _offload_policy(self) -> Any:
-        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+        from torch.distributed.fsdp import OffloadPolicy
 
-        policy = self.cpu_offload
-        if not policy:
-            return OffloadPolicy()
-        if self.root_device.type == "cpu":
+        if self.cpu_offload and self.root_device.type == "cpu":
             rank_zero_warn(
                 "`cpu_offload` has no effect when training on the CPU (the parameters already live there); it is"
                 " ignored."
             )
             return OffloadPolicy()
-        return policy if isinstance(policy, OffloadPolicy) else CPUOffloadPolicy()
+        return self.offload_policy
 
     def _mp_policy(self, root: bool) -> Any:
+        """The ``MixedPrecisionPolicy`` of one ``fully_shard`` call: ``mixed_precision=`` wins over the precision's."""
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
+        if self._mixed_precision is not None:
+            return self._mixed_precision(root)
         precision = self.fsdp_precision
         policy = precision.mixed_precision_policy(root=root) if precision is not None else None
         return policy if policy is not None else MixedPrecisionPolicy()
@@ -237,15 +352,22 @@ class FSDPStrategy(ParallelStrategy):
         """Activation checkpointing, shard, then materialise meta weights (see :mod:`fabric_fsdp.sharding`)."""
         from torch.distributed.fsdp import CPUOffloadPolicy
 
+        arguments.check_device_id(self._fsdp1.device_id, self.root_device)
         if is_fsdp(module):
             rank_zero_warn("The model is already sharded with `fully_shard`; the FSDP strategy uses it as it is.")
             self._models.add(module)
             self._may_stay_gathered[module] = [weakref.ref(m) for m in module.modules() if is_fsdp(m)]
             return module
+        arguments.warn_unkept_modules(self.mixed_precision, module)
+        if self._fsdp1.sync_module_states:
+            sharding.broadcast_module_states(module, self.root_device)
         sharding.apply_activation_checkpointing(module, self._activation_checkpointing)
         offload = self._offload_policy()
+        ignored = self._fsdp1.resolve_ignored()
+        # By name: materialising a meta model replaces the parameter objects.
+        ignored_names = [name for name, p in module.named_parameters() if p in ignored]
         units, replaced = sharding.shard(
-            module, self.device_mesh, self._wrap_policy, self._mp_policy, offload, self.reshard_after_forward
+            module, self.device_mesh, self._wrap_policy, self._mp_policy, offload, self.reshard_after_forward, ignored
         )
         self._replaced.update(replaced)
         # Units that reshard after forward never keep gathered parameters beyond a forward; the others may.
@@ -255,6 +377,12 @@ class FSDPStrategy(ParallelStrategy):
             device = torch.device("cpu") if isinstance(offload, CPUOffloadPolicy) else self.root_device
             seed = self.broadcast(int(torch.randint(0, 2**31 - 1, (1,)).item()) if self.is_global_zero else None)
             sharding.materialize(module, device, self.device_mesh, seed)
+        # FSDP2 leaves ignored parameters where they are: put them on this rank's device, whole.
+        params = dict(module.named_parameters())
+        with torch.no_grad():
+            for name in ignored_names:
+                if params[name].device != self.root_device:
+                    params[name].data = params[name].data.to(self.root_device)
         self._models.add(module)
         return module
 
@@ -301,8 +429,10 @@ class FSDPStrategy(ParallelStrategy):
         """Clip by the norm over *all* shards on all ranks; returns that norm as a plain tensor."""
         if not is_fsdp(self.unwrap_module(module)):
             raise TypeError(
-                "Gradient clipping by norm with the FSDP strategy needs the model that was set up with it; got"
-                f" a {type(module).__name__}."
+                "Gradient clipping with FSDP is only possible if the module passed to"
+                " `FSDPStrategy.clip_gradients_norm` is wrapped in `FullyShardedDataParallel` (with FSDP2: sharded"
+                f" by `fully_shard`, as `fabric.setup` does). Got: {type(module).__name__}. Pass the model returned"
+                " by `fabric.setup`."
             )
         self.precision.unscale_gradients(optimizer)
         params = [p for p in self.precision.main_params(optimizer) if p.grad is not None]
@@ -316,7 +446,8 @@ class FSDPStrategy(ParallelStrategy):
         storage_options: Any | None = None,
         filter: Filter | None = None,
     ) -> None:
-        """Write ``state`` as a sharded directory (all ranks) or as one full file (rank 0).
+        """Write ``state`` as a sharded directory (all ranks) or as one full file (rank 0, through the
+        ``CheckpointIO``, which gets ``storage_options``).
 
         Exactly one FSDP model may be in ``state``; optimizers of that model are saved with it.
         """
@@ -324,21 +455,27 @@ class FSDPStrategy(ParallelStrategy):
         key, model = fsdp_checkpoint.find_model(state, "save")
         if model is None:
             raise ValueError(
-                "Could not find an FSDP model in the state to save. Pass the model set up with `fabric.setup` like"
-                " `fabric.save(path, {'model': model, 'optimizer': optimizer, ...})`."
+                "Could not find a FSDP model in the provided checkpoint state. Pass the model set up with"
+                " `fabric.setup` as part of the state, like `fabric.save(path, {'model': model, 'optimizer':"
+                " optimizer, ...})`."
             )
         if self.state_dict_type == "full":
+            # The CheckpointIO writes full checkpoints, so `storage_options` go to it (the default one refuses them).
             fsdp_checkpoint.save_full(self, path, state, storage_options, filter)
             return
         if filter is not None:
             raise NotImplementedError(
-                "`fabric.save(..., filter=...)` is not supported with sharded FSDP checkpoints. Use"
+                "FSDP doesn't support loading sharded filtered checkpoints, so saving them is disabled. Use"
                 " `FSDPStrategy(state_dict_type='full')` to filter, or save without a filter."
             )
         if storage_options is not None:
             raise TypeError(
-                "Sharded FSDP checkpoints take no `storage_options`: they are written with torch.distributed.checkpoint."
+                "`FSDPStrategy.save_checkpoint(..., storage_options=...)` is not supported because `FSDPStrategy`"
+                " does not use the `CheckpointIO` for sharded checkpoints (they are written with"
+                " torch.distributed.checkpoint). Leave `storage_options` out, or save with"
+                " `state_dict_type='full'` through a `CheckpointIO` that takes them."
             )
+        self._check_checkpoint_io(self.configured_checkpoint_io)
         assert key is not None
         fsdp_checkpoint.save_sharded(self, path, key, model, state)
 

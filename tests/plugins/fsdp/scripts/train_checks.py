@@ -144,7 +144,7 @@ def main() -> None:
     meta_opt = torch.optim.SGD(meta_model.parameters(), lr=0.1)
     errors["meta_joint_setup"] = c.expect_error(RuntimeError, "meta-device", fabric.setup, meta_model, meta_opt)
     errors["stale_optimizer"] = c.expect_error(
-        ValueError, "does not reference any parameter", fabric.setup_optimizers, torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
+        ValueError, "does not seem to reference any FSDP parameters", fabric.setup_optimizers, torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
     )
     os.makedirs(out / "user_dir", exist_ok=True)
     (out / "user_dir" / "notes.txt").write_text("precious")
