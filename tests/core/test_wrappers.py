@@ -507,7 +507,7 @@ def test_fabric_save_and_load_keep_the_dataloader_epoch(tmp_path):
     loader = fabric.setup_dataloaders(DataLoader(list(range(4)), sampler=sampler, batch_size=2))
     list(loader)
     list(loader)
-    fabric.save(tmp_path / "ckpt.pt", {"loader": loader, "step": 7})
+    fabric.save(tmp_path / "ckpt.pt", {"loader": loader, "step": 7}).wait()
     assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["loader"] == {"fabric_epoch": 2}
 
     resumed_sampler = EpochSampler(4)
