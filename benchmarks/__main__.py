@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import bench_distributed, bench_import
+from benchmarks import bench_distributed, bench_fsdp_checkpoint, bench_import
 from benchmarks._common import (
     LIGHTNING,
     OURS,
@@ -25,7 +25,7 @@ from benchmarks._common import (
 )
 from benchmarks.report import evaluate_targets, render_summary, write_markdown
 
-SECTIONS = ("import", "steps", "checkpoint", "ddp", "fsdp", "deepspeed")
+SECTIONS = ("import", "steps", "checkpoint", "fsdp_checkpoint", "ddp", "fsdp", "deepspeed")
 
 MODES: dict[str, dict[str, Any]] = {
     "full": {
@@ -43,6 +43,8 @@ MODES: dict[str, dict[str, Any]] = {
         "ddp_round_steps": 3,
         "ckpt_mib": 512,
         "ckpt_reps": 5,
+        "fsdp_ckpt_mib": 256,
+        "fsdp_ckpt_reps": 4,
     },
     "quick": {
         "import_reps": 2,
@@ -58,7 +60,10 @@ MODES: dict[str, dict[str, Any]] = {
         "ddp_rounds": 6,
         "ddp_round_steps": 3,
         "ddp_variants": [RAW, OURS],
-        "skip": {"fsdp": "not run in --quick mode (run `python -m benchmarks` for it)"},
+        "skip": {
+            "fsdp": "not run in --quick mode (run `python -m benchmarks` for it)",
+            "fsdp_checkpoint": "not run in --quick mode (run `python -m benchmarks` for it)",
+        },
         # lightning-fabric's import costs seconds in every fresh interpreter: compared in the full run only.
         "no_lightning": ["import", "ddp"],
         "ckpt_mib": 256,
@@ -81,6 +86,7 @@ MODES: dict[str, dict[str, Any]] = {
         "skip": {
             "ddp": "not run in --tiny mode (starts 2-process jobs)",
             "fsdp": "not run in --tiny mode (starts 2-process jobs)",
+            "fsdp_checkpoint": "not run in --tiny mode (starts 2-process jobs)",
         },
         "ckpt_mib": 8,
         "ckpt_reps": 1,
@@ -179,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
                 res = run_child(["-m", "benchmarks.bench_steps", json.dumps(cfg)], timeout=1800)
             elif section == "checkpoint":
                 res = run_child(["-m", "benchmarks.bench_checkpoint", json.dumps(cfg)], timeout=3600)
+            elif section == "fsdp_checkpoint":
+                res = bench_fsdp_checkpoint.run(cfg)
             elif section in ("ddp", "fsdp"):
                 res = bench_distributed.run(section, cfg, lightning and section not in no_lf, log)
             else:  # deepspeed

@@ -56,7 +56,7 @@ def test_top_level_keys(tiny_run: tuple[dict, str]) -> None:
     machine = results["machine"]
     assert machine["cores"] >= 1 and machine["ram_gib"] > 0
     assert machine["torch"] and machine["python"] and machine["fabric_core"]
-    assert set(results["sections"]) == {"import", "steps", "checkpoint", "ddp", "fsdp", "deepspeed"}
+    assert set(results["sections"]) == {"import", "steps", "checkpoint", "fsdp_checkpoint", "ddp", "fsdp", "deepspeed"}
     assert {t["id"] for t in results["targets"]} >= {
         "import",
         "steps_tiny_dataloader",
@@ -91,7 +91,8 @@ def test_checkpoint_section(tiny_run: tuple[dict, str]) -> None:
     ck = tiny_run[0]["sections"]["checkpoint"]
     assert ck["status"] == "ok", ck
     assert ck["state_mib"] > 0
-    assert set(ck["save"]) == {"raw", "raw_atomic", "ours"}
+    assert set(ck["save"]) == {"raw", "raw_atomic", "ours", "ours_async_first", "ours_async"}
+    assert all(_positive(e["total_seconds"]) for e in ck["save"].values())  # until durable, beside the blocking time
     assert set(ck["load"]) == {"raw", "raw_mmap", "ours", "ours_mmap"}
     for entry in list(ck["save"].values()) + list(ck["load"].values()):
         assert _positive(entry["seconds"])
@@ -101,7 +102,7 @@ def test_checkpoint_section(tiny_run: tuple[dict, str]) -> None:
 
 
 def test_skipped_sections_say_why(tiny_run: tuple[dict, str]) -> None:
-    for name in ("ddp", "fsdp", "deepspeed"):
+    for name in ("ddp", "fsdp", "fsdp_checkpoint", "deepspeed"):
         section = tiny_run[0]["sections"][name]
         assert section["status"] == "skipped"
         assert section["reason"]

@@ -721,8 +721,12 @@ PARALLEL_EXAMPLE = textwrap.dedent(
     x = torch.full((2, 4), float(fabric.global_rank + 1))
     fabric.backward(model(x).sum())
     total = fabric.all_reduce(torch.tensor(float(fabric.global_rank)), reduce_op="sum")
-    print(json.dumps({"rank": fabric.global_rank, "world": fabric.world_size, "sum": total.item(),
-                      "grad": model.module.weight.grad.tolist(), "strategy": type(fabric.strategy).__name__}))
+    import sys
+    from pathlib import Path
+
+    Path(sys.argv[1], f"rank{fabric.global_rank}.json").write_text(json.dumps({"rank": fabric.global_rank,
+        "world": fabric.world_size, "sum": total.item(), "grad": model.module.weight.grad.tolist(),
+        "strategy": type(fabric.strategy).__name__}))
     """
 )
 
@@ -743,9 +747,9 @@ def test_documented_parallel_strategy_example_runs_two_processes(tmp_path):
     for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR"):
         env.pop(key, None)
     env.update(MASTER_PORT=str(port), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=180)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, env=env, timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr
-    rows = sorted((json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")), key=lambda r: r["rank"])
+    rows = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["rank"] for r in rows] == [0, 1] and {r["world"] for r in rows} == {2}
     assert {r["strategy"] for r in rows} == {"AveragingStrategy"} and {r["sum"] for r in rows} == {1.0}
     assert rows[0]["grad"] == rows[1]["grad"] == [[3.0, 3.0, 3.0, 3.0]]  # mean of 2*1 and 2*2 per weight

@@ -98,8 +98,10 @@ class Decisions:
     def select_launcher(self, strategy: Strategy) -> Launcher | None:
         return self.call("fabric_select_launcher", registry=self._registry, strategy=strategy)
 
-    def select_checkpoint_reader(self, path: Path) -> CheckpointReader | None:
-        return self.call("fabric_select_checkpoint_reader", path=Path(path))
+    def select_checkpoint_reader(self, path: Path | str) -> CheckpointReader | None:
+        from fabric_core.io import remote
+
+        return self.call("fabric_select_checkpoint_reader", path=path if remote.is_url(path) else Path(path))
 
     # ------------------------------------------------------------------------------------------ machinery
     def implementations(self, hook_name: str) -> list[Any]:

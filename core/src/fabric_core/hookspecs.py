@@ -182,7 +182,8 @@ def fabric_select_checkpoint_reader(path: Path) -> CheckpointReader | None:
     The reader returns the whole checkpoint in this one process, in the layout of a single-file checkpoint (the
     model's key holds a plain state dict, optimizers hold torch optimizer state dicts). Return ``None`` when
     ``path`` is not in your format; recognising it must be cheap (look at file names, import nothing heavy). The
-    core itself reads single files.
+    core itself reads single files. For remote storage ``path`` is the URL string (``"s3://bucket/ckpt"``); reach it
+    through fsspec (``fabric_core.io.remote``).
     """
 
 

@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from fabric_core.io import remote
+
 try:
     import fcntl
 except ImportError:  # Windows: no flock; leftovers are then judged by process id only
@@ -222,7 +224,7 @@ def check_replaceable(target: Path, is_checkpoint: Callable[[Path], bool], descr
 
 
 # ---------------------------------------------------------------------------------------------------------- commits
-def commit_directory(target: str | os.PathLike, write: Callable[[Path], None], coordinator: Coordinator) -> None:
+def commit_directory(target: str | os.PathLike, write: Callable[[Any], None], coordinator: Coordinator) -> None:
     """Write a checkpoint directory on every rank, crash-safely, and swap it in when every rank succeeded.
 
     1. Rank 0 removes what interrupted saves of ``target`` left, creates one hidden temporary directory beside
@@ -234,12 +236,103 @@ def commit_directory(target: str | os.PathLike, write: Callable[[Path], None], c
        died, ``KeyboardInterrupt``), the temporary directory is removed in ``finally`` unless it was committed.
 
     The error of this rank is raised; if only another rank failed, a ``RuntimeError`` says so. The previous
-    checkpoint at ``target`` is untouched by a failed save.
+    checkpoint at ``target`` is untouched by a failed save. A URL ``target`` is committed as described in
+    :func:`commit_remote_directory`.
     """
-    target = Path(target)
+    if remote.is_url(target):
+        commit_remote_directory(str(target), write, coordinator)
+        return
+    staged = _stage_directory(Path(remote.local_path(target)), coordinator)
+    error: Exception | None = None
+    try:
+        write(staged.tmp)
+    except BaseException as err:  # noqa: B036 (agree on failure below, then clean up in finally)
+        if not isinstance(err, Exception):
+            staged.abandon()
+            raise
+        error = err
+    staged.finish(error, coordinator)
+
+
+def commit_directory_async(
+    target: str | os.PathLike,
+    start_write: Callable[[Path], Callable[[], None]],
+    coordinator: Coordinator,
+    background_coordinator: Coordinator,
+) -> Any:
+    """Like :func:`commit_directory`, but only the start of the write happens in the caller.
+
+    ``start_write(tmp)`` begins this rank's write (e.g. torch.distributed.checkpoint's ``async_save``, which
+    copies the state first) and returns a function that waits for it. Waiting, the votes, the swap and the cleanup
+    run in the background thread (:mod:`fabric_core.io.background`) and agree over ``background_coordinator``,
+    whose collectives must not share a process group with the training loop's. Returns the save's handle.
+    """
+    from fabric_core.io import background
+
+    if remote.is_url(target):
+        raise NotImplementedError(
+            f"Asynchronous sharded saves to URLs ({target!r}) are not supported yet: save synchronously to the URL, or"
+            " asynchronously to a local path."
+        )
+    staged = _stage_directory(Path(remote.local_path(target)), coordinator)
+    try:
+        wait = start_write(staged.tmp)
+    except BaseException:
+        staged.abandon()
+        raise
+
+    def complete() -> None:
+        error: Exception | None = None
+        try:
+            wait()
+        except Exception as err:
+            error = err
+        staged.finish(error, background_coordinator)
+
+    return background.submit(staged.target, complete)
+
+
+class _StagedDirectory:
+    """A temporary directory all ranks write into, committed (or removed) by :meth:`finish` on every rank."""
+
+    def __init__(self, target: Path, tmp: Path, lock: WriterLock | None) -> None:
+        self.target = target
+        self.tmp = tmp
+        self.lock = lock
+
+    def abandon(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+        remove_path(self.tmp)
+
+    def finish(self, error: Exception | None, coordinator: Coordinator) -> None:
+        committed = False
+        try:
+            if coordinator.reduce_boolean_decision(error is None, all=True):
+                try:
+                    if coordinator.is_global_zero:
+                        swap_into_place(self.tmp, self.target)
+                except Exception as err:
+                    error = err
+                if coordinator.reduce_boolean_decision(error is None, all=True):
+                    committed = True
+                    return
+            if error is not None:
+                raise error
+            raise RuntimeError(
+                f"Saving the checkpoint {str(self.target)!r} failed on another rank (see its error); the previous"
+                " checkpoint, if any, was left untouched."
+            )
+        finally:
+            if self.lock is not None:
+                self.lock.release()
+            if not committed:
+                remove_path(self.tmp)
+
+
+def _stage_directory(target: Path, coordinator: Coordinator) -> _StagedDirectory:
     lock: WriterLock | None = None
     tmp: Path | None = None
-    committed = False
     try:
         if coordinator.is_global_zero:
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -250,16 +343,65 @@ def commit_directory(target: str | os.PathLike, write: Callable[[Path], None], c
         # Rank 0's paths for everyone: ranks given different paths (a timestamp in the name) still write together.
         agreed = coordinator.broadcast((str(target), str(tmp)) if tmp is not None else None, src=0)
         target, tmp = Path(agreed[0]), Path(agreed[1])
-        error: Exception | None = None
-        try:
-            tmp.mkdir(parents=True, exist_ok=True)
-            write(tmp)
-        except Exception as err:  # agree on failure below instead of leaving the other ranks waiting
-            error = err
+        tmp.mkdir(parents=True, exist_ok=True)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        if tmp is not None:
+            remove_path(tmp)
+        raise
+    return _StagedDirectory(target, tmp, lock)
+
+
+# ---------------------------------------------------------------------------------------------------------- remote
+#: In a checkpoint folder on an object store: the name of the complete version (written last, in one PUT).
+COMMIT_MARKER = ".fabric-committed"
+VERSION_PREFIX = "v-"
+
+
+def committed_version(url: str) -> str:
+    """The folder that holds the checkpoint at ``url``: its committed version, or ``url`` itself (no versions)."""
+    fs, path = remote.filesystem(url)
+    marker = f"{path.rstrip('/')}/{COMMIT_MARKER}"
+    if fs.exists(marker):
+        with fs.open(marker, "rb") as file:
+            version = file.read().decode().strip()
+        return remote.join(url, version)
+    return url
+
+
+def commit_remote_directory(target: str, write: Callable[[str], None], coordinator: Coordinator) -> None:
+    """Commit a directory checkpoint on an object store, where nothing can be renamed atomically.
+
+    Every save writes a new version under ``target/v-<token>/``; only when every rank has written its part does
+    rank 0 write ``target/.fabric-committed`` (one small object, replaced at once) naming that version, then
+    delete the older versions. Readers follow the marker (:func:`committed_version`). So at every moment the
+    marker names a complete version: a kill before it leaves the previous version committed, a kill after it at
+    worst leaves an old version to delete. A failed save removes its version.
+    """
+    version = coordinator.broadcast(f"{VERSION_PREFIX}{uuid.uuid4().hex[:12]}" if coordinator.is_global_zero else None)
+    location = remote.join(target, version)
+    error: Exception | None = None
+    try:
+        write(location)
+    except Exception as err:
+        error = err
+    committed = marked = False
+    try:
         if coordinator.reduce_boolean_decision(error is None, all=True):
             try:
                 if coordinator.is_global_zero:
-                    swap_into_place(tmp, target)
+                    fs, path = remote.filesystem(target)
+                    with fs.open(f"{path.rstrip('/')}/{COMMIT_MARKER}", "wb") as file:
+                        file.write(version.encode())
+                    marked = True
+                    for entry in fs.ls(path, detail=False):  # best effort: an old version left behind harms nothing
+                        name = entry.rstrip("/").rpartition("/")[2]
+                        if name.startswith(VERSION_PREFIX) and name != version:
+                            try:
+                                fs.rm(entry, recursive=True)
+                            except Exception:
+                                pass
             except Exception as err:
                 error = err
             if coordinator.reduce_boolean_decision(error is None, all=True):
@@ -267,12 +409,10 @@ def commit_directory(target: str | os.PathLike, write: Callable[[Path], None], c
                 return
         if error is not None:
             raise error
-        raise RuntimeError(
-            f"Saving the checkpoint {str(target)!r} failed on another rank (see its error); the previous checkpoint,"
-            " if any, was left untouched."
-        )
+        raise RuntimeError(f"Saving the checkpoint {target!r} failed on another rank (see its error).")
     finally:
-        if lock is not None:
-            lock.release()
-        if tmp is not None and not committed:
-            remove_path(tmp)
+        if not committed and not marked and coordinator.is_global_zero:
+            try:
+                remote.remove(location)
+            except Exception:
+                pass

@@ -57,10 +57,13 @@ def prune(newest: Any, keep_last: int) -> list[str]:
         os.rename(entry, aside)  # gone from its name at once; deleting a big tree below may take a while
         remove_path(aside)
         removed.append(entry.name)
-    for member in members:  # set-aside entries of killed prunes
-        for leftover in leftovers(member):
-            if OLD_MARK in leftover.name:
-                remove_path(leftover)
+    # Entries set aside by prunes that were killed before deleting them (their checkpoint's name is gone already).
+    names = {p.name[1:].split(OLD_MARK, 1)[0] for p in folder.iterdir() if p.name.startswith(".") and OLD_MARK in p.name}
+    for name in names:
+        if fnmatch.fnmatchcase(name, pattern):
+            for leftover in leftovers(folder / name):
+                if OLD_MARK in leftover.name:
+                    remove_path(leftover)
     return removed
 
 

@@ -310,6 +310,12 @@ class Strategy(ABC):
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         """Send a picklable object from rank ``src`` to every process."""
 
+    def checkpoint_coordinator(self) -> Any:
+        """What the background thread agrees over when it finishes an asynchronous multi-rank save: an object with
+        ``is_global_zero``, ``broadcast`` and ``reduce_boolean_decision`` whose collectives do not interfere with the
+        training loop's (one process: this strategy). Call it on every rank at the same point."""
+        return self
+
     def prepare_barrier_without_timeout(self) -> None:  # noqa: B027 (optional hook)
         """Called by every rank at the same point before :meth:`barrier_without_timeout` is used."""
 

@@ -94,6 +94,7 @@ class ParallelStrategy(Strategy):
         self.launcher_name = "subprocess" if start_method == "popen" else start_method
         self._owns_process_group = False
         self._unlimited_group: Any = None
+        self._checkpoint_group: Any = None
 
     def attach(
         self,
@@ -216,8 +217,12 @@ class ParallelStrategy(Strategy):
         release_at_exit()  # a gloo group alive at interpreter exit can turn a successful run into exit 134
 
     def teardown(self) -> None:
+        from fabric_core.io import background
+
+        background.wait_all()  # saves finishing in the background may still use the process groups
         dist = _dist()
         self._unlimited_group = None
+        self._checkpoint_group = None
         if self._owns_process_group and dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
             self._owns_process_group = False
@@ -346,6 +351,15 @@ class ParallelStrategy(Strategy):
         _dist().all_reduce(flag, op=_dist().ReduceOp.SUM)
         return bool(flag == self.world_size) if all else bool(flag > 0)
 
+    def checkpoint_coordinator(self) -> _GroupCoordinator:
+        """Collectives over a gloo group of their own (made once, every rank together), for the background thread
+        that finishes asynchronous saves while the training loop runs collectives on the default group."""
+        if not self._ready():
+            return _GroupCoordinator(None, self.is_global_zero, self.root_device)
+        if self._checkpoint_group is None:
+            self._checkpoint_group = _dist().new_group(backend="gloo", timeout=collective_timeout(self.timeout))
+        return _GroupCoordinator(self._checkpoint_group, self.is_global_zero, torch.device("cpu"))
+
     def prepare_barrier_without_timeout(self) -> None:
         """Create (once, every rank together) the gloo group that :meth:`barrier_without_timeout` waits on."""
         if self._ready() and self._unlimited_group is None:
@@ -366,3 +380,27 @@ class ParallelStrategy(Strategy):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(devices={self.num_processes}, num_nodes={self.num_nodes})"
+
+
+class _GroupCoordinator:
+    """``is_global_zero``, ``broadcast`` and ``reduce_boolean_decision`` over one process group (``None``: alone)."""
+
+    def __init__(self, group: Any, is_global_zero: bool, device: torch.device) -> None:
+        self.group = group
+        self.is_global_zero = is_global_zero
+        self.device = device
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        if self.group is None:
+            return obj
+        holder = [obj]
+        _dist().broadcast_object_list(holder, src=src, group=self.group)
+        return holder[0]
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        if self.group is None:
+            return decision
+        flag = torch.tensor(int(decision), device=self.device)
+        _dist().all_reduce(flag, op=_dist().ReduceOp.SUM, group=self.group)
+        size = _dist().get_world_size(self.group)
+        return bool(flag == size) if all else bool(flag > 0)

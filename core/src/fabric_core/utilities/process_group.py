@@ -82,6 +82,12 @@ def _at_exit() -> None:
     dist = sys.modules.get("torch.distributed")
     if dist is None or _abandoned:
         return
+    background = sys.modules.get("fabric_core.io.background")
+    if background is not None:  # asynchronous saves may still agree over a process group: let them land first
+        try:
+            background.wait_all()
+        except Exception as err:
+            sys.stderr.write(f"[fabric] {err}\n")
     release_process_group()
     settle_native_threads()
 

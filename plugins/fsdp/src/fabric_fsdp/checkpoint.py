@@ -21,9 +21,17 @@ import torch
 from torch.nn import Module
 from torch.optim import Optimizer
 
-from fabric_core.io.commit import check_replaceable, commit_directory
+from fabric_core.io import remote
+from fabric_core.io.commit import check_replaceable, commit_directory, commit_directory_async
 from fabric_core.io.state import Filter, check_missing, restore_state, state_to_save
-from fabric_fsdp.formats import DCP_METADATA, FORMAT_KEY, FORMAT_VERSION, META_FILE, is_sharded_checkpoint
+from fabric_fsdp.formats import (
+    DCP_METADATA,
+    FORMAT_KEY,
+    FORMAT_VERSION,
+    META_FILE,
+    is_sharded_checkpoint,
+    sharded_location,
+)
 from fabric_fsdp.sharding import grads_hidden, is_fsdp
 
 if TYPE_CHECKING:
@@ -42,11 +50,40 @@ __all__ = [
 ]
 
 
+def _child(folder: str | os.PathLike, name: str) -> str | Path:
+    return remote.join(str(folder), name) if remote.is_url(folder) else Path(folder) / name
+
+
+def _reader(location: str | Path) -> Any:
+    """DCP's reader for a local folder or a URL (fsspec)."""
+    if remote.is_url(location):
+        from torch.distributed.checkpoint._fsspec_filesystem import (
+            FsspecReader,  # not re-exported by torch 2.13
+        )
+
+        return FsspecReader(str(location))
+    from torch.distributed.checkpoint import FileSystemReader
+
+    return FileSystemReader(location)
+
+
+def _writer(location: str | Path) -> Any:
+    if remote.is_url(location):
+        from torch.distributed.checkpoint._fsspec_filesystem import (
+            FsspecWriter,  # not re-exported by torch 2.13
+        )
+
+        return FsspecWriter(str(location))
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    return FileSystemWriter(location)
+
+
 def read_meta(path: str | os.PathLike, weights_only: bool | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Return ``(meta, format_record)`` of a sharded checkpoint; the record is removed from ``meta``."""
     from fabric_core.io.checkpoint_io import TorchCheckpointIO
 
-    meta = TorchCheckpointIO().load_checkpoint(Path(path) / META_FILE, weights_only=weights_only)
+    meta = TorchCheckpointIO().load_checkpoint(_child(path, META_FILE), weights_only=weights_only)
     record = meta.pop(FORMAT_KEY, None)
     if not isinstance(record, dict) or "module" not in record:
         raise ValueError(
@@ -117,21 +154,20 @@ def load_sharded_checkpoint(
     each optimizer's key a ``torch`` optimizer state dict, and the entries of ``meta.pt`` sit at the top
     level. Needs memory for the whole model and optimizer state.
     """
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-    path = Path(path)
-    if not is_sharded_checkpoint(path):
+    location = sharded_location(path)
+    if location is None:
         raise ValueError(
             f"{str(path)!r} is not a sharded FSDP checkpoint: expected a directory with {DCP_METADATA!r} and"
             f" {META_FILE!r}."
         )
-    meta, record = read_meta(path, weights_only=weights_only)
+    meta, record = read_meta(location, weights_only=weights_only)
     tensors: dict[str, Any] = {}
     # What torch's own dcp_to_torch_save does, minus the file: the public `dcp.load` only fills keys that
     # already exist in the dict it is given, so the empty-dict planner needs the lower-level entry point.
-    _load_state_dict(tensors, storage_reader=FileSystemReader(path), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    _load_state_dict(tensors, storage_reader=_reader(location), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
     for key in record.get("optimizers", []):
         if key in tensors:
             tensors[key] = optimizer_state_by_position(tensors[key])
@@ -182,14 +218,12 @@ def save_full(
         strategy.checkpoint_io.save_checkpoint(converted, path, storage_options=storage_options)
 
 
-def save_sharded(strategy: FSDPStrategy, path: Path, model_key: str, model: Module, state: dict[str, Any]) -> None:
-    """A directory written by every rank in parallel (DCP shards plus ``meta.pt``), committed crash-safely."""
-    import torch.distributed.checkpoint as dcp
+def _shards_and_meta(
+    strategy: FSDPStrategy, model_key: str, model: Module, state: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What DCP writes (the model and its optimizers, sharded) and what ``meta.pt`` holds (everything else)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-    from fabric_core.io.checkpoint_io import atomic_save
-
-    check_replaceable(path, is_sharded_checkpoint, "an FSDP checkpoint")
     shards: dict[str, Any] = {model_key: get_model_state_dict(model)}
     optimizer_keys = []
     rest: dict[str, Any] = {}
@@ -213,18 +247,78 @@ def save_sharded(strategy: FSDPStrategy, path: Path, model_key: str, model: Modu
         "optimizers": optimizer_keys,
         "world_size": strategy.world_size,
     }
+    return shards, meta
 
-    def write(tmp: Path) -> None:
-        dcp.save(shards, checkpoint_id=tmp)
-        if strategy.is_global_zero:
-            atomic_save(meta, tmp / META_FILE)
+
+def _write_meta(strategy: FSDPStrategy, meta: dict[str, Any], folder: str | Path) -> None:
+    if not strategy.is_global_zero:
+        return
+    if remote.is_url(folder):
+        remote.save(meta, str(_child(folder, META_FILE)))
+    else:
+        from fabric_core.io.checkpoint_io import atomic_save
+
+        atomic_save(meta, Path(folder) / META_FILE)
+
+
+def save_sharded(strategy: FSDPStrategy, path: str | Path, model_key: str, model: Module, state: dict[str, Any]) -> None:
+    """A directory written by every rank in parallel (DCP shards plus ``meta.pt``), committed crash-safely.
+
+    At a URL the folder is committed as the core does it on object stores (a new version, then its marker).
+    """
+    import torch.distributed.checkpoint as dcp
+
+    if not remote.is_url(path):
+        check_replaceable(Path(path), is_sharded_checkpoint, "an FSDP checkpoint")
+    shards, meta = _shards_and_meta(strategy, model_key, model, state)
+
+    def write(folder: str | Path) -> None:
+        dcp.save(shards, storage_writer=_writer(folder))
+        _write_meta(strategy, meta, folder)  # last: its presence marks the folder as a checkpoint
 
     commit_directory(path, write, strategy)
 
 
+def save_sharded_async(
+    strategy: FSDPStrategy, path: str | Path, model_key: str, model: Module, state: dict[str, Any]
+) -> Any:
+    """Like :func:`save_sharded`, but the caller waits only while DCP copies the shards to CPU memory.
+
+    torch.distributed.checkpoint's ``async_save`` stages the shards (into buffers its stager keeps for the next
+    save) and writes them in its own thread over the strategy's checkpoint process group; the core's
+    :func:`~fabric_core.io.commit.commit_directory_async` then waits for that, writes ``meta.pt`` and commits in
+    the background thread. ``meta.pt``'s content is taken now, so later changes to the state do not leak in.
+    """
+    import copy
+
+    import torch.distributed.checkpoint as dcp
+
+    if not remote.is_url(path):
+        check_replaceable(Path(path), is_sharded_checkpoint, "an FSDP checkpoint")
+    shards, meta = _shards_and_meta(strategy, model_key, model, state)
+    meta = copy.deepcopy(meta)
+    background_coordinator = strategy.checkpoint_coordinator()  # every rank, same point: may create its group
+
+    def start(folder: Path) -> Any:
+        future = dcp.async_save(
+            shards,
+            storage_writer=_writer(folder),
+            process_group=background_coordinator.group,
+            async_stager=strategy.dcp_stager(),
+        )
+
+        def wait() -> None:
+            getattr(future, "upload_completion", future).result()
+            _write_meta(strategy, meta, folder)
+
+        return wait
+
+    return commit_directory_async(path, start, strategy, background_coordinator)
+
+
 def load(
     strategy: FSDPStrategy,
-    path: Path,
+    path: str | Path,
     state: Module | Optimizer | dict[str, Any] | None,
     strict: bool,
     weights_only: bool | None,
@@ -232,6 +326,19 @@ def load(
     """Restore ``state`` in place: a sharded directory reshards on load (N ranks saved, M load); anything else
     (a full file from any strategy, another plugin's directory through its reader) is read whole by every rank,
     and each keeps its shard."""
+    if remote.is_url(path):
+        location = sharded_location(path)
+        if location is not None:
+            return _load_sharded(strategy, location, state, strict, weights_only)
+        return restore_state(
+            state,
+            strategy.read_checkpoint(path, weights_only=weights_only),
+            strict=strict,
+            load_module=_load_model_full,
+            load_optimizer=lambda optimizer, value: _load_optimizer_full(strategy.owner(optimizer), optimizer, value),
+            load_precision=strategy.precision.load_state_dict,
+        )
+    path = Path(path)
     if not path.exists():
         raise CheckpointPathError(
             f"The path {str(path)!r} does not point to a valid checkpoint: nothing exists there. Make sure the path"
@@ -276,7 +383,7 @@ def _load_optimizer_full(model: Module, optimizer: Optimizer, state: dict[str, A
 
 
 def _load_sharded(
-    strategy: FSDPStrategy, path: Path, state: Any, strict: bool, weights_only: bool | None
+    strategy: FSDPStrategy, path: str | Path, state: Any, strict: bool, weights_only: bool | None
 ) -> dict[str, Any]:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
@@ -323,7 +430,7 @@ def _load_sharded(
         with grads_hidden(opt):
             shards[k] = get_optimizer_state_dict(model, opt)
     if shards:
-        dcp.load(shards, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=not strict))
+        dcp.load(shards, storage_reader=_reader(path), planner=DefaultLoadPlanner(allow_partial_load=not strict))
     if key is not None:
         set_model_state_dict(model, shards[model_key], options=StateDictOptions(strict=strict))
     for k, opt in optimizers.items():

@@ -30,7 +30,25 @@ FORMAT_KEY = "__fabric_fsdp__"
 FORMAT_VERSION = 1
 
 
+def sharded_location(path: str | os.PathLike) -> str | Path | None:
+    """Where the files of the sharded checkpoint at ``path`` are, or ``None`` when it is not one.
+
+    Locally that is ``path`` itself: a directory holding a DCP index and our ``meta.pt``. At a URL (an object
+    store) it is the committed version the core's marker names (:func:`fabric_core.io.commit.committed_version`).
+    """
+    from fabric_core.io import remote
+
+    if remote.is_url(path):
+        from fabric_core.io.commit import committed_version
+
+        location = committed_version(str(path))
+        fs, inner = remote.filesystem(location)
+        base = inner.rstrip("/")
+        return location if fs.exists(f"{base}/{DCP_METADATA}") and fs.exists(f"{base}/{META_FILE}") else None
+    path = Path(remote.local_path(path))
+    return path if path.is_dir() and (path / DCP_METADATA).is_file() and (path / META_FILE).is_file() else None
+
+
 def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
-    """True for a directory holding a DCP index and our ``meta.pt``."""
-    path = Path(path)
-    return path.is_dir() and (path / DCP_METADATA).is_file() and (path / META_FILE).is_file()
+    """True for a sharded FSDP checkpoint (a local directory, or a committed folder at a URL)."""
+    return sharded_location(path) is not None

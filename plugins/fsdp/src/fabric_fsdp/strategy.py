@@ -196,6 +196,7 @@ class FSDPStrategy(ParallelStrategy):
         self._mesh: DeviceMesh | None = None
         self._replaced: Replacements = {}
         self._models: weakref.WeakSet[Module] = weakref.WeakSet()
+        self._dcp_stager: Any = None
         # model -> its FSDP units that can keep gathered parameters after a forward (see `optimizer_step`)
         self._may_stay_gathered: weakref.WeakKeyDictionary[Module, list[weakref.ref[Module]]] = (
             weakref.WeakKeyDictionary()
@@ -310,6 +311,9 @@ class FSDPStrategy(ParallelStrategy):
         self._mesh = self._build_mesh()
 
     def teardown(self) -> None:
+        if self._dcp_stager is not None:
+            self._dcp_stager.close()
+            self._dcp_stager = None
         self._mesh = None
         self._replaced.clear()
         super().teardown()
@@ -451,7 +455,6 @@ class FSDPStrategy(ParallelStrategy):
 
         Exactly one FSDP model may be in ``state``; optimizers of that model are saved with it.
         """
-        path = Path(path)
         key, model = fsdp_checkpoint.find_model(state, "save")
         if model is None:
             raise ValueError(
@@ -479,6 +482,34 @@ class FSDPStrategy(ParallelStrategy):
         assert key is not None
         fsdp_checkpoint.save_sharded(self, path, key, model, state)
 
+    def save_checkpoint_async(
+        self,
+        path: str | Path,
+        state: dict[str, Any],
+        storage_options: Any | None = None,
+        filter: Filter | None = None,
+    ) -> Any:
+        """Sharded: torch.distributed.checkpoint's asynchronous save, committed by the core in the background.
+        Full: the core's snapshot-and-write (the full state dict is gathered now, on every rank)."""
+        key, model = fsdp_checkpoint.find_model(state, "save")
+        if model is None or self.state_dict_type == "full":
+            if model is None:
+                self.save_checkpoint(path, state, storage_options, filter)  # raises the explaining error
+            return super().save_checkpoint_async(path, state, storage_options, filter)
+        if filter is not None or storage_options is not None:
+            self.save_checkpoint(path, state, storage_options, filter)  # raises the explaining error
+        self._check_checkpoint_io(self.configured_checkpoint_io)
+        assert key is not None
+        return fsdp_checkpoint.save_sharded_async(self, path, key, model, state)
+
+    def dcp_stager(self) -> Any:
+        """The stager asynchronous sharded saves copy into; kept so its CPU buffers are reused by the next save."""
+        if self._dcp_stager is None:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            self._dcp_stager = DefaultStager(StagingOptions(False, False, False, False))
+        return self._dcp_stager
+
     def load_checkpoint(
         self,
         path: str | Path,
@@ -487,7 +518,7 @@ class FSDPStrategy(ParallelStrategy):
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
         """Restore the model and optimizers in place from a sharded directory, a full file or another format."""
-        return fsdp_checkpoint.load(self, Path(path), state, strict, weights_only)
+        return fsdp_checkpoint.load(self, path, state, strict, weights_only)
 
     def __repr__(self) -> str:
         return (
