@@ -198,14 +198,19 @@ def _check_strategy_instance(strategy: Strategy, accelerator: Any, user: _UserPl
     _check_parallel_devices(strategy, accelerator)
 
 
+def torch_device_type(device: Any) -> str:
+    """``"cuda"`` for ``torch.device("cuda:1")``, ``"cuda:1"`` or ``"cuda"``."""
+    return str(device).split(":", 1)[0]
+
+
 def _check_parallel_devices(strategy: Strategy, accelerator: Any) -> None:
     """A strategy object's own ``parallel_devices`` must be of the device type the ``accelerator`` flag names."""
     from fabric_core.accelerators.base import Accelerator
 
-    devices = getattr(strategy, "parallel_devices", None)
+    devices = strategy.parallel_devices
     if not devices:
         return
-    device_type = getattr(devices[0], "type", None)
+    device_type = torch_device_type(devices[0])
     if isinstance(accelerator, Accelerator):
         compatible = accelerator.device_type == device_type
     elif isinstance(accelerator, str):
@@ -224,10 +229,10 @@ def _check_parallel_devices(strategy: Strategy, accelerator: Any) -> None:
 
 def _parallel_devices_accelerator(registry: Registry, strategy: Strategy, accelerator: Any) -> Any:
     """``accelerator="auto"``/``"gpu"`` with a strategy object that has its own devices: their device type."""
-    devices = getattr(strategy, "parallel_devices", None)
+    devices = strategy.parallel_devices
     if not devices or not isinstance(accelerator, str) or accelerator.strip().lower() not in ("auto", "gpu"):
         return accelerator
-    device_type = getattr(devices[0], "type", None)
+    device_type = torch_device_type(devices[0])
     return device_type if ("accelerator", str(device_type)) in registry else accelerator
 
 

@@ -86,7 +86,7 @@ def _reads_precision_plainly(strategy: Strategy) -> bool:
 
 def precision_converts(precision: Precision) -> bool:
     """Whether the precision changes anything around ``forward`` (a context, or input/output dtype casts)."""
-    if getattr(precision, "input_dtype", None) is not None:
+    if precision.input_dtype is not None:
         return True
     return not _uses_base(precision, Precision, ("convert_input", "convert_output", "forward_context"))
 

@@ -81,6 +81,9 @@ class Strategy(ABC):
     #: ``target = optimizer_step_target(optimizer)`` instead of the optimizer itself (an engine that owns the
     #: step, such as DeepSpeed's). ``None``: the optimizer is stepped.
     optimizer_step_target: Callable[[Optimizer], Any] | None = None
+    #: The devices set on the strategy object itself (one per local process), or ``None`` for "what ``devices=``
+    #: resolves to". The resolver checks them against the ``accelerator`` flag.
+    parallel_devices: list[torch.device] | None = None
 
     def __init__(
         self,
