@@ -100,3 +100,13 @@ def test_distributed_start_is_announced(tmp_path):
     assert "Initializing distributed: GLOBAL_RANK: 0, MEMBER: 1/2" in lines
     assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in lines
     assert lines.count("All distributed processes registered. Starting with 2 processes") == 1  # rank zero only
+
+
+def test_tensor_cores_hint_as_the_reference_gives_it():
+    from fabric_core.accelerators.cuda import tensor_cores_hint
+
+    hint = tensor_cores_hint("NVIDIA H100", (9, 0), "highest")
+    assert hint.startswith("You are using a CUDA device ('NVIDIA H100') that has Tensor Cores.")
+    assert "torch.set_float32_matmul_precision('medium' | 'high')" in hint
+    assert tensor_cores_hint("Tesla V100", (7, 0), "highest") is None  # no Tensor Cores for float32 there
+    assert tensor_cores_hint("NVIDIA A100", (8, 0), "high") is None  # already chosen

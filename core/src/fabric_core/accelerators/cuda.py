@@ -106,6 +106,36 @@ class CUDAAccelerator(Accelerator):
     def setup_device(self, device: torch.device) -> None:
         super().setup_device(device)
         torch.cuda.set_device(device)
+        _hint_tensor_cores_once(device)
 
     def teardown(self) -> None:
         torch.cuda.empty_cache()
+
+
+_hinted = False
+
+
+def tensor_cores_hint(device_name: str, capability: tuple[int, int], matmul_precision: str) -> str | None:
+    """The reference's hint for GPUs with Tensor Cores that still run float32 matmuls at full precision."""
+    if capability < (8, 0) or matmul_precision != "highest":
+        return None
+    return (
+        f"You are using a CUDA device ({device_name!r}) that has Tensor Cores. To properly utilize them, you should set"
+        " `torch.set_float32_matmul_precision('medium' | 'high')` which will trade-off precision for performance."
+        " For more details, read https://pytorch.org/docs/stable/generated/torch.set_float32_matmul_precision.html"
+    )
+
+
+def _hint_tensor_cores_once(device: torch.device) -> None:
+    global _hinted
+    if _hinted:
+        return
+    _hinted = True
+    from fabric_core.utilities.rank_zero import rank_zero_info
+
+    message = tensor_cores_hint(
+        torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device), torch.get_float32_matmul_precision()
+    )
+    if message:
+        rank_zero_info(message)
+
