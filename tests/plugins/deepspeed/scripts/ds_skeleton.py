@@ -106,6 +106,7 @@ def main() -> None:
 
         (out / f"skeleton_{stage}.json").write_text(json.dumps(result, indent=1))
     fabric.barrier()
+    fabric.teardown()  # the process group, then DeepSpeed's references to its groups
 
 
 def _build_in(fabric: Fabric) -> nn.Module:
