@@ -4,12 +4,19 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # core first, then every plugin distribution (each has its own pyproject.toml); new plugins join this list.
-DISTS := core plugins/ddp plugins/amp plugins/fsdp
+DISTS := core plugins/ddp plugins/amp plugins/fsdp plugins/deepspeed
 STAMP := $(VENV)/.installed
 PYTEST_WORKERS ?= 2
 # Test-only packages installed without their dependencies, so pip cannot replace the pinned torch: torchdata
 # (StatefulDataLoader, for the data tests) needs only torch from its declared requests/urllib3/torch.
 NO_DEPS_DEV := torchdata==0.11.0
+# plugins/deepspeed depends on deepspeed==0.19.8, an sdist: pip builds it here without build isolation against the
+# pinned CPU torch (a pure-Python wheel, no ops compiled; about 10 s) and, since torch is already satisfied, pulls no
+# CUDA torch. The check after the install fails the setup if anything brought CUDA packages or replaced torch.
+CHECK_TORCH := import importlib.metadata as m, re, torch; \
+	pin = re.search(r'^torch==(\S+)', open('requirements-dev.txt').read(), re.M).group(1); \
+	cuda = sorted(d.metadata['Name'] for d in m.distributions() if d.metadata['Name'].lower().startswith(('nvidia-', 'triton'))); \
+	assert torch.__version__.split('+')[0] == pin and not cuda, f'torch {torch.__version__} (pin {pin}), CUDA packages {cuda}'
 
 .PHONY: setup demo test stress lint bench clean
 
@@ -19,6 +26,7 @@ $(STAMP): requirements-dev.txt $(foreach d,$(DISTS),$(d)/pyproject.toml) Makefil
 	$(BIN)/python -m pip install --quiet -r requirements-dev.txt
 	$(BIN)/python -m pip install --quiet --no-deps $(NO_DEPS_DEV)
 	$(BIN)/python -m pip install --quiet --no-build-isolation $(foreach d,$(DISTS),-e $(d))
+	$(BIN)/python -c "$(CHECK_TORCH)"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -1,0 +1,126 @@
+"""Shared model, data and reference training for the DeepSpeed worker scripts (run as real rank processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+D_IN, D, D_OUT, BATCH = 8, 16, 4, 4  # BATCH per rank
+LR = 1e-2
+
+
+class Net(nn.Module):
+    """A small MLP with a LayerNorm and a persistent buffer (checkpoints must carry it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(D_IN, D)
+        self.norm = nn.LayerNorm(D)
+        self.hidden = nn.Linear(D, D)
+        self.out = nn.Linear(D, D_OUT)
+        self.register_buffer("offset", torch.linspace(-0.1, 0.1, D_OUT))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.norm(self.inp(x)))
+        return self.out(torch.tanh(self.hidden(h))) + self.offset
+
+
+def make_model(seed: int = 0) -> Net:
+    torch.manual_seed(seed)
+    return Net()
+
+
+def make_optimizer(model: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(model.parameters(), lr=LR, eps=1e-4)
+
+
+def make_data(steps: int, world_size: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same global batch (rank-ordered) at every step, in every process, so the loss must go down."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, world_size * BATCH, D_IN, generator=g).expand(steps, -1, -1)
+    y = torch.randn(1, world_size * BATCH, D_OUT, generator=g).expand(steps, -1, -1)
+    return x, y
+
+
+def local(batch: torch.Tensor, rank: int) -> torch.Tensor:
+    return batch[rank * BATCH : (rank + 1) * BATCH]
+
+
+def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return nn.functional.mse_loss(out.float(), y)
+
+
+def reference_losses(steps: int, world_size: int, accumulate_at: int | None = None) -> list[float]:
+    """Single-process AdamW on the global batch; at ``accumulate_at`` the step uses two half micro-batches."""
+    model = make_model()
+    opt = make_optimizer(model)
+    x, y = make_data(steps, world_size)
+    losses = []
+    for s in range(steps):
+        opt.zero_grad()
+        if s == accumulate_at:
+            halves = [slice(0, BATCH // 2), slice(BATCH // 2, BATCH)]
+            chunks_x = x[s].view(world_size, BATCH, D_IN)
+            chunks_y = y[s].view(world_size, BATCH, D_OUT)
+            for h in halves:
+                (loss_fn(model(chunks_x[:, h].reshape(-1, D_IN)), chunks_y[:, h].reshape(-1, D_OUT)) / 2).backward()
+            loss = loss_fn(model(x[s]), y[s]).detach()
+        else:
+            loss = loss_fn(model(x[s]), y[s])
+            loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def full_params(fabric, model: nn.Module) -> dict[str, torch.Tensor]:
+    """The full parameters and buffers of a model set up with DeepSpeed (gathered under stage 3), on every rank."""
+    import deepspeed
+
+    inner = model.module if hasattr(model, "module") else model
+    params = [p for p in inner.parameters() if hasattr(p, "ds_id")]
+    with deepspeed.zero.GatheredParameters(params) if params else _nothing():
+        return {k: v.detach().float().cpu().clone() for k, v in inner.state_dict().items()}
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert set(a) == set(b), (sorted(a), sorted(b))
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
+_T0 = time.perf_counter()
+
+
+def mark(what: str) -> None:
+    print(f"[{time.perf_counter() - _T0:7.2f}s] {what}", flush=True)
+
+
+def dump(path: str | os.PathLike, data: dict) -> None:
+    Path(path).write_text(json.dumps(data, indent=1))
+
+
+def expect_error(kind: type[BaseException], match: str, fn, *args, **kwargs) -> str:
+    try:
+        fn(*args, **kwargs)
+    except kind as err:
+        assert match in str(err), f"{kind.__name__} message {str(err)!r} lacks {match!r}"
+        return str(err)
+    raise AssertionError(f"expected {kind.__name__} ({match!r}) from {fn}")
+
+
+def out_dir() -> Path:
+    return Path(sys.argv[1])
