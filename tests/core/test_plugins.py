@@ -470,6 +470,35 @@ def test_a_raising_decision_hook_is_skipped_unless_it_owns_the_decision(use_regi
         Fabric(accelerator="cpu", strategy="recording")
 
 
+class OwnAccelerator(CPUAccelerator):
+    """An accelerator class from the plugin's own package (this test module)."""
+
+    name = "own"
+
+
+def test_a_raising_decision_hook_about_its_own_accelerator_reaches_the_user(use_registry):
+    """The rule covers accelerators too: an XLA-like plugin refuses strategies its devices cannot run."""
+
+    class Plugin:
+        @hookimpl
+        def fabric_register_accelerators(self, registrar):
+            registrar.add("own", OwnAccelerator)
+
+        @hookimpl(tryfirst=True)
+        def fabric_adjust_strategy(self, registry, strategy, accelerator, num_devices, num_nodes):
+            if isinstance(accelerator, OwnAccelerator):
+                raise ValueError("the own accelerator runs only its own strategies")
+            raise RuntimeError("adjust hook broken")
+
+    registry = use_registry(Plugin())
+    with pytest.raises(ValueError, match="runs only its own strategies"):
+        Fabric(accelerator="own", strategy="single_device")
+    with pytest.warns(FabricPluginWarning, match="adjust hook broken"):
+        fabric = Fabric(accelerator="cpu", strategy="single_device")  # about the core's accelerator: skipped
+    assert type(fabric.strategy) is SingleDeviceStrategy
+    assert "hook fabric_adjust_strategy" in {f.stage for f in registry.failures}
+
+
 def test_registration_calls_are_traced(use_registry, monkeypatch, capsys):
     monkeypatch.setenv("FABRIC_TRACE_HOOKS", "1")
 
