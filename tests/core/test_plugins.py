@@ -717,6 +717,7 @@ def test_autoload_switch(plugin_sites, env, expected_example, expect_failures):
 PARALLEL_EXAMPLE = textwrap.dedent(
     """
     import json
+    import sys
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
@@ -750,8 +751,10 @@ PARALLEL_EXAMPLE = textwrap.dedent(
     x = torch.full((2, 4), float(fabric.global_rank + 1))
     fabric.backward(model(x).sum())
     total = fabric.all_reduce(torch.tensor(float(fabric.global_rank)), reduce_op="sum")
-    print(json.dumps({"rank": fabric.global_rank, "world": fabric.world_size, "sum": total.item(),
-                      "grad": model.module.weight.grad.tolist(), "strategy": type(fabric.strategy).__name__}))
+    row = json.dumps({"rank": fabric.global_rank, "world": fabric.world_size, "sum": total.item(),
+                      "grad": model.module.weight.grad.tolist(), "strategy": type(fabric.strategy).__name__})
+    sys.stdout.write(row + "\\n")  # one write: both ranks share the pipe, and print() writes the newline apart
+    sys.stdout.flush()
     """
 )
 
