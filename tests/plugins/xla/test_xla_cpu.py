@@ -125,3 +125,4 @@ def test_multi_replica_launch_and_ranks(tmp_path: Path) -> None:
     assert [x["sampler_kwargs"] for x in replicas] == [{"num_replicas": 2, "rank": 0}, {"num_replicas": 2, "rank": 1}]
     assert all(x["value"] == [0.0, 2.0, 4.0] for x in replicas)
     assert replicas[0]["fabric_object"] != replicas[1]["fabric_object"]  # threads get their own Fabric copy
+    assert r["single_result"] == {"rank": 0, "world_size": 1} and r["single_ran_here"]

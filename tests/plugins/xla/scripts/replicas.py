@@ -2,7 +2,7 @@
 
 What is checked: the parent does not start the XLA runtime before ``launch`` (torch_xla would refuse to start the
 replicas), ``fabric.launch()`` without a function raises the reference's ``TypeError``, every replica gets its own
-rank, device and sampler shard, rank 0's return value comes back. What is not: any collective. On the CPU, torch_xla
+rank, device and sampler shard, rank 0's return value comes back, and ``devices=1`` runs the function in this process. What is not: any collective. On the CPU, torch_xla
 runs the replicas as threads of one process, and their collectives abort in XLA's rendezvous (pytorch/xla#9089);
 gradient all-reduce is exercised on TPUs only (see the README).
 """
@@ -54,6 +54,11 @@ def main() -> None:
     r["result_rank"] = result["rank"]
     r["result_tensor_device"] = str(result["tensor"].device)
     r["replicas"] = [json.loads((out / f"replica-{i}.json").read_text()) for i in range(r["world_size_before_launch"])]
+    # devices=1: torch_xla runs the function in this process (the replicas above ran in a child, so the runtime of
+    # this process is still unstarted, as torch_xla requires)
+    single = Fabric(accelerator="tpu", strategy="xla", devices=1)
+    r["single_result"] = single.launch(lambda fabric: {"rank": fabric.global_rank, "world_size": fabric.world_size})
+    r["single_ran_here"] = bool(torch_xla._XLAC._xla_runtime_is_initialized())
     c.dump(out / "replicas.json", r)
 
 
