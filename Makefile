@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # core first, then every plugin distribution (each has its own pyproject.toml); new plugins join this list.
-DISTS := core plugins/ddp plugins/amp plugins/fsdp plugins/deepspeed
+DISTS := core plugins/ddp plugins/amp plugins/fsdp plugins/deepspeed plugins/xla
 STAMP := $(VENV)/.installed
 PYTEST_WORKERS ?= 2
 # Test-only packages installed without their dependencies, so pip cannot replace the pinned torch: torchdata
@@ -18,7 +18,7 @@ CHECK_TORCH := import importlib.metadata as m, re, torch; \
 	cuda = sorted(d.metadata['Name'] for d in m.distributions() if d.metadata['Name'].lower().startswith(('nvidia-', 'triton'))); \
 	assert torch.__version__.split('+')[0] == pin and not cuda, f'torch {torch.__version__} (pin {pin}), CUDA packages {cuda}'
 
-.PHONY: setup demo test stress lint bench clean
+.PHONY: setup demo test setup-xla test-xla stress lint bench clean
 
 $(STAMP): requirements-dev.txt $(foreach d,$(DISTS),$(d)/pyproject.toml) Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,27 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q
+
+# The XLA lane: its own venv with the pinned torch 2.9.0 + torch_xla 2.9.0 (torch_xla needs exactly that torch),
+# fabric-core and fabric-xla installed editable, then the core's tests on torch 2.9 and the XLA tests on the CPU PJRT
+# device (each multi-device scenario in its own subprocess with a timeout). About 7 GB; see plugins/xla/README.md.
+XLA_VENV := .venv-xla
+XLA_BIN := $(XLA_VENV)/bin
+XLA_STAMP := $(XLA_VENV)/.installed
+
+$(XLA_STAMP): requirements-xla.txt core/pyproject.toml plugins/xla/pyproject.toml Makefile
+	test -x $(XLA_BIN)/python || $(PYTHON) -m venv $(XLA_VENV)
+	$(XLA_BIN)/python -m pip install --quiet --upgrade pip
+	$(XLA_BIN)/python -m pip install --quiet --no-cache-dir -r requirements-xla.txt
+	$(XLA_BIN)/python -m pip uninstall --quiet --yes triton
+	$(XLA_BIN)/python -m pip install --quiet --no-build-isolation --no-deps -e core -e plugins/xla pluggy
+	touch $(XLA_STAMP)
+
+setup-xla: $(XLA_STAMP)
+
+test-xla: $(XLA_STAMP)
+	$(XLA_BIN)/python -m pytest -q -p no:cacheprovider tests/core
+	PJRT_DEVICE=CPU $(XLA_BIN)/python -m pytest -q -p no:cacheprovider tests/plugins/xla
 
 # Repeats short successful 2-process jobs (ddp script, ddp launch(fn), ddp_spawn, fsdp) with a busy process beside
 # them and counts non-zero exits: a run whose work succeeded must exit 0 every time. STRESS_ARGS="--runs 20" for less.
@@ -58,4 +79,4 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) demo_output
+	rm -rf $(VENV) $(XLA_VENV) demo_output

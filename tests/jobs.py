@@ -214,10 +214,13 @@ def run_ranks(script: Path, *args: str, world_size: int = 2, timeout: float = 12
     return _finish(processes, logs, timeout, f"{script.name} on {world_size} ranks")
 
 
-def run_script(script: Path, *args: str, timeout: float = 120, tmp_path: Path) -> str:
-    """Run ``script`` as one plain process (it may launch more itself); fails the test if it fails."""
+def run_script(
+    script: Path, *args: str, timeout: float = 120, tmp_path: Path, env: dict[str, str] | None = None
+) -> str:
+    """Run ``script`` as one plain process (it may launch more itself); fails the test if it fails or overruns
+    ``timeout``. ``env`` adds variables to the job's clean environment."""
     log = tmp_path / f"{script.name}.single.log"
-    env = job_env(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    env = job_env(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **(env or {}))
     with open(log, "w") as out:
         process = subprocess.Popen(
             [sys.executable, str(script), *args], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True

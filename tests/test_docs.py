@@ -19,14 +19,15 @@ def _distribution(plugin_dir: Path) -> str:
 
 
 def _documented_names(readme: str) -> dict[str, set[str]]:
-    """Names in the tables of the README's "## Names" section, by kind (from the header `Fabric(kind=...)`)."""
+    """Names in the tables of the README's "## Names" section, by kind: from the header `Fabric(kind=...)`, or
+    `kind=...` for kinds that are not arguments of `Fabric` (launchers, cluster environments)."""
     section = readme.split("## Names", 1)[1].split("\n## ", 1)[0]
     names: dict[str, set[str]] = {}
     kind = None
     for line in section.splitlines():
-        header = re.match(r"\|\s*`Fabric\((\w+)=\.\.\.\)`", line)
+        header = re.match(r"\|\s*`(?:Fabric\((\w+)=\.\.\.\)|(\w+)=\.\.\.)`", line)
         if header:
-            kind = header.group(1)
+            kind = header.group(1) or header.group(2)
             continue
         if kind and line.startswith("| `"):
             first_cell = line.split("|")[1]

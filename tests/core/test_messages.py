@@ -21,6 +21,7 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_info_messages_are_shown_by_default():
+    pytest.importorskip("fabric_amp", reason="the AMP message comes from fabric-amp (not installed in the XLA lane)")
     done = _python(
         """
         from fabric_core import Fabric, seed_everything

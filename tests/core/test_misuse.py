@@ -6,6 +6,7 @@ interrupted saves) are in ``tests/plugins/ddp/test_ddp_failures.py`` and ``tests
 
 from __future__ import annotations
 
+import importlib.util
 import pickle
 
 import pytest
@@ -74,7 +75,14 @@ def test_misuse_is_a_typed_error_that_says_what_to_do(fabric, tmp_path, monkeypa
         ({"callbacks": object}, TypeError, ["pass an instance"]),
         ({"plugins": "bf16"}, TypeError, ["invalid type for plugin"]),
         ({"num_nodes": 0}, ValueError, ["`num_nodes` must be a positive integer"]),
-        ({"strategy": "dpp"}, ValueError, ["invalid strategy name", "Did you mean"]),
+        pytest.param(
+            {"strategy": "dpp"},
+            ValueError,
+            ["invalid strategy name", "Did you mean"],
+            marks=pytest.mark.skipif(
+                importlib.util.find_spec("fabric_ddp") is None, reason="suggests 'ddp', which needs fabric-ddp installed"
+            ),
+        ),
     ],
     ids=["single-device-two-devices", "logger-str", "logger-class", "callback-str", "callback-class", "plugin-str", "nodes", "typo"],
 )

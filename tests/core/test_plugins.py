@@ -470,6 +470,35 @@ def test_a_raising_decision_hook_is_skipped_unless_it_owns_the_decision(use_regi
         Fabric(accelerator="cpu", strategy="recording")
 
 
+class OwnAccelerator(CPUAccelerator):
+    """An accelerator class from the plugin's own package (this test module)."""
+
+    name = "own"
+
+
+def test_a_raising_decision_hook_about_its_own_accelerator_reaches_the_user(use_registry):
+    """The rule covers accelerators too: an XLA-like plugin refuses strategies its devices cannot run."""
+
+    class Plugin:
+        @hookimpl
+        def fabric_register_accelerators(self, registrar):
+            registrar.add("own", OwnAccelerator)
+
+        @hookimpl(tryfirst=True)
+        def fabric_adjust_strategy(self, registry, strategy, accelerator, num_devices, num_nodes):
+            if isinstance(accelerator, OwnAccelerator):
+                raise ValueError("the own accelerator runs only its own strategies")
+            raise RuntimeError("adjust hook broken")
+
+    registry = use_registry(Plugin())
+    with pytest.raises(ValueError, match="runs only its own strategies"):
+        Fabric(accelerator="own", strategy="single_device")
+    with pytest.warns(FabricPluginWarning, match="adjust hook broken"):
+        fabric = Fabric(accelerator="cpu", strategy="single_device")  # about the core's accelerator: skipped
+    assert type(fabric.strategy) is SingleDeviceStrategy
+    assert "hook fabric_adjust_strategy" in {f.stage for f in registry.failures}
+
+
 def test_registration_calls_are_traced(use_registry, monkeypatch, capsys):
     monkeypatch.setenv("FABRIC_TRACE_HOOKS", "1")
 
@@ -688,6 +717,7 @@ def test_autoload_switch(plugin_sites, env, expected_example, expect_failures):
 PARALLEL_EXAMPLE = textwrap.dedent(
     """
     import json
+    import sys
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
@@ -842,6 +872,7 @@ def test_one_plugin_is_switched_off_by_name(plugin_sites):
 
 
 def test_first_party_names_are_not_taken_silently(plugin_sites):
+    pytest.importorskip("fabric_ddp", reason="the venv's fabric-ddp is the first party here (not in the XLA lane)")
     code = textwrap.dedent(
         """
         import json, warnings

@@ -10,8 +10,8 @@ each implementation is called on its own, in the project's written order, so tha
   version, error; a :class:`~fabric_core.registry.FabricPluginWarning` and an entry in ``fabric plugins``) and
   skipped, so the other plugins and the core's defaults still answer. The exception propagates only when the
   decision is the plugin's own business: the core's defaults (nobody else would answer), or a decision about
-  a strategy whose class the plugin itself provides (e.g. a sharding plugin refusing a precision for
-  its own strategy).
+  a strategy or an accelerator whose class the plugin itself provides (e.g. a sharding plugin refusing a
+  precision for its own strategy, an XLA plugin refusing a strategy for its accelerator).
 * **Tracing**: ``FABRIC_TRACE_HOOKS=1`` prints every call, its arguments, the answer and who gave it.
 """
 
@@ -162,10 +162,14 @@ class Decisions:
         info = self._registry.plugin_for(impl.plugin_name)
         if info.distribution == CORE_DISTRIBUTION:
             return True
-        strategy = kwargs.get("strategy")
-        if strategy is None or isinstance(strategy, str) or not info.package:
+        if not info.package:
             return False
-        return type(strategy).__module__.split(".")[0] == info.package
+        # A decision about an object of the plugin's own package: its strategy (a sharding plugin refusing a
+        # precision) or its accelerator (an XLA plugin refusing a strategy that cannot run on its devices).
+        for obj in (kwargs.get("strategy"), kwargs.get("accelerator")):
+            if obj is not None and not isinstance(obj, str) and type(obj).__module__.split(".")[0] == info.package:
+                return True
+        return False
 
     def _isolate(self, impl: Any, hook_name: str, err: Exception) -> None:
         info = self._registry.plugin_for(impl.plugin_name)
