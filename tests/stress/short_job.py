@@ -4,6 +4,7 @@
     python short_job.py function   # strategy="ddp": launch(fn) in the re-run processes
     python short_job.py spawn      # strategy="ddp_spawn": launch(fn) in spawned processes
     python short_job.py fsdp       # strategy="fsdp": launch(), a sharded step
+    python short_job.py deepspeed  # strategy="deepspeed_stage_2": launch(), an engine step (needs fabric-deepspeed)
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ def train(fabric: Fabric) -> float:
 
 
 def main(mode: str) -> None:
-    strategy = {"script": "ddp", "function": "ddp", "spawn": "ddp_spawn", "fsdp": "fsdp"}[mode]
+    strategy = {"script": "ddp", "function": "ddp", "spawn": "ddp_spawn", "fsdp": "fsdp",
+                "deepspeed": "deepspeed_stage_2"}[mode]
     fabric = Fabric(accelerator="cpu", strategy=strategy, devices=2)
-    if mode in ("script", "fsdp"):
+    if mode in ("script", "fsdp", "deepspeed"):
         fabric.launch()
         train(fabric)
     else:
