@@ -97,6 +97,7 @@ class Strategy(ABC):
         #: The precision set on this strategy (by its constructor or the resolver), or ``None`` so far. A plain
         #: attribute, so the per-step fast paths of the wrappers compare it without a property call; assign
         #: :attr:`precision` to change it.
+        self.check_precision(precision)
         self.configured_precision: Precision | None = precision
         self._launcher: Launcher | None = None
         self.cluster_environment: ClusterEnvironment | None = None
@@ -124,6 +125,7 @@ class Strategy(ABC):
             self._accelerator = accelerator
         if self.configured_checkpoint_io is None:
             self.configured_checkpoint_io = checkpoint_io
+        self.check_checkpoint_io(self.configured_checkpoint_io)
         self._num_nodes = num_nodes
         if find_checkpoint_reader is not None:
             self._find_checkpoint_reader = find_checkpoint_reader
@@ -139,12 +141,22 @@ class Strategy(ABC):
     @property
     def precision(self) -> Precision:
         if self.configured_precision is None:
-            self.configured_precision = Precision()
+            self.configured_precision = self.default_precision()
         return self.configured_precision
 
     @precision.setter
     def precision(self, precision: Precision | None) -> None:
+        self.check_precision(precision)
         self.configured_precision = precision
+
+    def default_precision(self) -> Precision:
+        """The precision used when none was set (the core's 32-bit one); a strategy whose engine casts overrides it."""
+        return Precision()
+
+    def check_precision(self, precision: Precision | None) -> None:  # noqa: B027 (optional hook)
+        """Refuse, with what to use instead, a precision object this strategy cannot drive (one made for another
+        strategy would bypass its casting). Called whenever a precision is set: constructor, resolver, assignment.
+        Every precision is accepted by default."""
 
     @property
     def checkpoint_io(self) -> CheckpointIO:
@@ -156,7 +168,13 @@ class Strategy(ABC):
 
     @checkpoint_io.setter
     def checkpoint_io(self, io: CheckpointIO | None) -> None:
+        self.check_checkpoint_io(io)
         self.configured_checkpoint_io = io
+
+    def check_checkpoint_io(self, io: CheckpointIO | None) -> None:  # noqa: B027 (optional hook)
+        """Refuse, with what to do instead, a ``CheckpointIO`` this strategy's checkpoint format would bypass (a
+        sharded format written by every rank, say). Called when one is assigned and when the resolver attaches the
+        strategy. Every ``CheckpointIO`` is accepted by default."""
 
     @property
     def launcher(self) -> Launcher | None:

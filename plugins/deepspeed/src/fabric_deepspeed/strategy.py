@@ -161,7 +161,6 @@ class DeepSpeedStrategy(ParallelStrategy):
         timeout: timedelta | None = DEFAULT_TIMEOUT,
         exclude_frozen_parameters: bool = False,
     ) -> None:
-        _check_precision(precision)
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -193,29 +192,14 @@ class DeepSpeedStrategy(ParallelStrategy):
         self.optimizer_step_target = self._engine_of_optimizer
 
     # ---------------------------------------------------------------------------------------- plugins
-    @property
-    def precision(self) -> Precision:
-        if self.configured_precision is None:
-            self.configured_precision = DeepSpeedPrecision("32-true")
-        return self.configured_precision
+    def default_precision(self) -> Precision:
+        return DeepSpeedPrecision("32-true")
 
-    @precision.setter
-    def precision(self, precision: Precision | None) -> None:
+    def check_precision(self, precision: Precision | None) -> None:
         _check_precision(precision)
-        self.configured_precision = precision
 
-    @property
-    def checkpoint_io(self) -> CheckpointIO:
-        return ParallelStrategy.checkpoint_io.fget(self)  # type: ignore[attr-defined]
-
-    @checkpoint_io.setter
-    def checkpoint_io(self, io: CheckpointIO | None) -> None:
+    def check_checkpoint_io(self, io: CheckpointIO | None) -> None:
         _check_checkpoint_io(io)
-        self.configured_checkpoint_io = io
-
-    def attach(self, **kwargs: Any) -> None:
-        super().attach(**kwargs)
-        _check_checkpoint_io(self.configured_checkpoint_io)
 
     # ---------------------------------------------------------------------------------------- config
     @property

@@ -155,7 +155,6 @@ class FSDPStrategy(ParallelStrategy):
         activation_checkpointing_policy: ModulePolicy = None,
         **kwargs: Any,
     ) -> None:
-        _check_precision(precision)
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -169,7 +168,7 @@ class FSDPStrategy(ParallelStrategy):
         if state_dict_type not in _STATE_DICT_TYPES:
             raise ValueError(f"`state_dict_type` must be one of {_STATE_DICT_TYPES}, got {state_dict_type!r}.")
         self._state_dict_type = state_dict_type
-        self._check_checkpoint_io(self.configured_checkpoint_io)
+        self.check_checkpoint_io(self.configured_checkpoint_io)
         sharding_strategy = arguments.sharding_strategy_name(sharding_strategy)
         if isinstance(device_mesh, tuple) and not (
             1 <= len(device_mesh) <= 2 and all(isinstance(n, int) and n > 0 for n in device_mesh)
@@ -215,23 +214,8 @@ class FSDPStrategy(ParallelStrategy):
     def cpu_offload(self, value: Any) -> None:
         self.offload_policy = arguments.as_offload_policy(value)
 
-    @property
-    def precision(self) -> Precision:
-        return ParallelStrategy.precision.fget(self)  # type: ignore[attr-defined]
-
-    @precision.setter
-    def precision(self, precision: Precision | None) -> None:
+    def check_precision(self, precision: Precision | None) -> None:
         _check_precision(precision)
-        self.configured_precision = precision
-
-    @property
-    def checkpoint_io(self) -> CheckpointIO:
-        return ParallelStrategy.checkpoint_io.fget(self)  # type: ignore[attr-defined]
-
-    @checkpoint_io.setter
-    def checkpoint_io(self, io: CheckpointIO | None) -> None:
-        self._check_checkpoint_io(io)
-        self.configured_checkpoint_io = io
 
     @property
     def state_dict_type(self) -> str:
@@ -242,10 +226,10 @@ class FSDPStrategy(ParallelStrategy):
     def state_dict_type(self, value: str) -> None:
         if value not in _STATE_DICT_TYPES:
             raise ValueError(f"`state_dict_type` must be one of {_STATE_DICT_TYPES}, got {value!r}.")
-        self._check_checkpoint_io(self.configured_checkpoint_io, value)
+        self.check_checkpoint_io(self.configured_checkpoint_io, value)
         self._state_dict_type = value
 
-    def _check_checkpoint_io(self, io: Any, state_dict_type: str | None = None) -> None:
+    def check_checkpoint_io(self, io: CheckpointIO | None, state_dict_type: str | None = None) -> None:
         """A custom ``CheckpointIO`` writes full checkpoints; sharded ones are DCP's, so it would be bypassed."""
         if (state_dict_type or self._state_dict_type) == "sharded" and not _is_default_io(io):
             raise NotImplementedError(
@@ -255,10 +239,6 @@ class FSDPStrategy(ParallelStrategy):
                 " `FSDPStrategy(state_dict_type='full')` to save through it (rank 0 writes one file with it), or"
                 " leave it out."
             )
-
-    def attach(self, **kwargs: Any) -> None:
-        super().attach(**kwargs)
-        self._check_checkpoint_io(self.configured_checkpoint_io)
 
     # ---------------------------------------------------------------------------------------- topology
     @property
@@ -478,7 +458,7 @@ class FSDPStrategy(ParallelStrategy):
                 " torch.distributed.checkpoint). Leave `storage_options` out, or save with"
                 " `state_dict_type='full'` through a `CheckpointIO` that takes them."
             )
-        self._check_checkpoint_io(self.configured_checkpoint_io)
+        self.check_checkpoint_io(self.configured_checkpoint_io)
         assert key is not None
         fsdp_checkpoint.save_sharded(self, path, key, model, state)
 
@@ -498,7 +478,7 @@ class FSDPStrategy(ParallelStrategy):
             return super().save_checkpoint_async(path, state, storage_options, filter)
         if filter is not None or storage_options is not None:
             self.save_checkpoint(path, state, storage_options, filter)  # raises the explaining error
-        self._check_checkpoint_io(self.configured_checkpoint_io)
+        self.check_checkpoint_io(self.configured_checkpoint_io)
         assert key is not None
         return fsdp_checkpoint.save_sharded_async(self, path, key, model, state)
 

@@ -40,7 +40,6 @@ if TYPE_CHECKING:
     from fabric_core.accelerators.base import Accelerator
     from fabric_core.environments.base import ClusterEnvironment
     from fabric_core.io.checkpoint_io import CheckpointIO
-    from fabric_core.io.formats import FindReader
     from fabric_core.precision.base import Precision
 
 __all__ = ["SingleDeviceXLAStrategy", "XLAFSDPStrategy", "XLAStrategy"]
@@ -180,30 +179,14 @@ class SingleDeviceXLAStrategy(_XLAMixin, SingleDeviceStrategy):
     backward that would break later XLA backwards (pytorch/xla#4174).
     """
 
-    def attach(
-        self,
-        *,
-        accelerator: Accelerator,
-        devices: list[torch.device],
-        num_nodes: int,
-        cluster_environment: ClusterEnvironment | None,
-        checkpoint_io: CheckpointIO | None,
-        find_checkpoint_reader: FindReader | None = None,
-    ) -> None:
+    def attach(self, *, accelerator: Accelerator, devices: list[torch.device], **kwargs: Any) -> None:
         if len(devices) > 1:
             raise ValueError(
                 f"The `SingleDeviceXLAStrategy` runs one process on one device, but `devices` selects {len(devices)}."
                 " Use `strategy='xla'` (one replica per device) or `strategy='xla_fsdp'` (SPMD sharding), or"
                 " `devices=1`."
             )
-        super().attach(
-            accelerator=accelerator,
-            devices=devices,
-            num_nodes=num_nodes,
-            cluster_environment=cluster_environment,
-            checkpoint_io=checkpoint_io,
-            find_checkpoint_reader=find_checkpoint_reader,
-        )
+        super().attach(accelerator=accelerator, devices=devices, **kwargs)
         check_xla_accelerator(self, accelerator)
         if self._device is None or self._device.type != "xla":
             self._device = torch.device("xla", 0)
@@ -245,24 +228,8 @@ class XLAStrategy(_XLAMixin, Strategy):
         self._device: torch.device | None = None
         self._reduced: set[int] = set()
 
-    def attach(
-        self,
-        *,
-        accelerator: Accelerator,
-        devices: list[torch.device],
-        num_nodes: int,
-        cluster_environment: ClusterEnvironment | None,
-        checkpoint_io: CheckpointIO | None,
-        find_checkpoint_reader: FindReader | None = None,
-    ) -> None:
-        super().attach(
-            accelerator=accelerator,
-            devices=devices,
-            num_nodes=num_nodes,
-            cluster_environment=cluster_environment,
-            checkpoint_io=checkpoint_io,
-            find_checkpoint_reader=find_checkpoint_reader,
-        )
+    def attach(self, *, accelerator: Accelerator, devices: list[torch.device], **kwargs: Any) -> None:
+        super().attach(accelerator=accelerator, devices=devices, **kwargs)
         check_xla_accelerator(self, accelerator)
         if self.parallel_devices is None:
             self.parallel_devices = list(devices)
@@ -443,31 +410,15 @@ class XLAFSDPStrategy(_XLAMixin, Strategy):
         self._device: torch.device | None = None
         self._mesh: Any = None
 
-    def attach(
-        self,
-        *,
-        accelerator: Accelerator,
-        devices: list[torch.device],
-        num_nodes: int,
-        cluster_environment: ClusterEnvironment | None,
-        checkpoint_io: CheckpointIO | None,
-        find_checkpoint_reader: FindReader | None = None,
-    ) -> None:
-        super().attach(
-            accelerator=accelerator,
-            devices=devices,
-            num_nodes=num_nodes,
-            cluster_environment=cluster_environment,
-            checkpoint_io=checkpoint_io,
-            find_checkpoint_reader=find_checkpoint_reader,
-        )
+    def attach(self, *, accelerator: Accelerator, devices: list[torch.device], **kwargs: Any) -> None:
+        super().attach(accelerator=accelerator, devices=devices, **kwargs)
         check_xla_accelerator(self, accelerator)
         if self.parallel_devices is None:
             self.parallel_devices = list(devices)
         self._device = runtime.initialize(spmd=True)
         total = runtime.global_device_count()
         local = len(self.parallel_devices)
-        if num_nodes == 1 and local != total:
+        if self.num_nodes == 1 and local != total:
             raise ValueError(
                 f"`strategy='xla_fsdp'` shards over every device the XLA runtime has ({total}), but `devices` selects"
                 f" {local}. Pass `devices={total}` or `devices='auto'`, or limit the devices the runtime sees"
