@@ -265,12 +265,25 @@ def render_markdown(results: dict[str, Any]) -> str:
                     _stat(imp["wall_ratios"].get(v)) if v != RAW else "1",
                     _stat(e["process_seconds"]),
                     "yes" if e["imports_dynamo"] else "no",
+                    str(e["deepspeed_modules"]) if "deepspeed_modules" in e else "–",
                 ]
             )
         header = ["variant", "after `import torch`", "CPU s (incl. torch)", "CPU ms added", "CPU ratio"]
-        header += ["wall s", "wall ratio", "whole process wall s", "loads torch._dynamo"]
+        header += ["wall s", "wall ratio", "whole process wall s", "loads torch._dynamo", "deepspeed modules"]
         L += _table(header, rows)
         L.append("")
+        if imp.get("fabric_deepspeed_installed"):
+            loaded = imp["variants"].get(OURS, {}).get("deepspeed_modules")
+            L.append(
+                f"With fabric-deepspeed {imp['fabric_deepspeed_installed']} and deepspeed"
+                f" {imp.get('deepspeed_installed') or 'not installed'} installed (discovered as a plugin in every run):"
+                + (
+                    " `Fabric(accelerator='cpu')` imported no `deepspeed` module."
+                    if loaded == 0
+                    else f" `Fabric(accelerator='cpu')` imported {loaded} `deepspeed` module(s)."
+                )
+            )
+            L.append("")
 
     # ---------------------------------------------------------------- steps
     st = secs.get("steps")
