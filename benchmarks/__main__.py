@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import bench_distributed, bench_fsdp_checkpoint, bench_import
+from benchmarks import bench_deepspeed, bench_distributed, bench_fsdp_checkpoint, bench_import
 from benchmarks._common import (
     LIGHTNING,
     OURS,
@@ -19,7 +19,6 @@ from benchmarks._common import (
     REPO_ROOT,
     lightning_available,
     machine_info,
-    module_available,
     precompile_fabric_packages,
     run_child,
 )
@@ -45,6 +44,10 @@ MODES: dict[str, dict[str, Any]] = {
         "ckpt_reps": 5,
         "fsdp_ckpt_mib": 256,
         "fsdp_ckpt_reps": 4,
+        "ds_warmup": 10,
+        "ds_reps": 9,
+        "ds_rounds": 30,
+        "ds_round_steps": 3,
     },
     "quick": {
         "import_reps": 2,
@@ -60,6 +63,10 @@ MODES: dict[str, dict[str, Any]] = {
         "ddp_rounds": 6,
         "ddp_round_steps": 3,
         "ddp_variants": [RAW, OURS],
+        "ds_warmup": 5,
+        "ds_reps": 3,
+        "ds_rounds": 10,
+        "ds_round_steps": 3,
         "skip": {
             "fsdp": "not run in --quick mode (run `python -m benchmarks` for it)",
             "fsdp_checkpoint": "not run in --quick mode (run `python -m benchmarks` for it)",
@@ -85,6 +92,7 @@ MODES: dict[str, dict[str, Any]] = {
         "ddp_round_steps": 1,
         "skip": {
             "ddp": "not run in --tiny mode (starts 2-process jobs)",
+            "deepspeed": "not run in --tiny mode (starts 2-process jobs)",
             "fsdp": "not run in --tiny mode (starts 2-process jobs)",
             "fsdp_checkpoint": "not run in --tiny mode (starts 2-process jobs)",
         },
@@ -190,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             elif section in ("ddp", "fsdp"):
                 res = bench_distributed.run(section, cfg, lightning and section not in no_lf, log)
             else:  # deepspeed
-                res = _deepspeed_status()
+                res = bench_deepspeed.run(cfg, log)
         except Exception as err:  # one broken section must not hide the others
             res = {"status": "error", "reason": f"{type(err).__name__}: {err}"[-4000:]}
         res["elapsed_s"] = round(time.time() - t0, 1)
@@ -216,18 +224,6 @@ def main(argv: list[str] | None = None) -> int:
         log(f"updated {args.md}")
     log(render_summary(results))
     return 0
-
-
-def _deepspeed_status() -> dict[str, Any]:
-    if not module_available("fabric_deepspeed"):
-        return {
-            "status": "skipped",
-            "reason": "`fabric_deepspeed` is not importable: install fabric-deepspeed (plugins/deepspeed)",
-        }
-    return {
-        "status": "skipped",
-        "reason": "fabric-deepspeed is installed, but this harness has no DeepSpeed comparison yet",
-    }
 
 
 if __name__ == "__main__":

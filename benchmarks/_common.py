@@ -129,6 +129,7 @@ def machine_info() -> dict[str, Any]:
         "torch": dist_version("torch"),
         "fabric_core": dist_version("fabric-core"),
         "lightning_fabric": dist_version("lightning-fabric"),
+        "deepspeed": dist_version("deepspeed"),
         "loadavg_at_start": list(load) if load else None,
         "plugins": installed_plugins(),
     }

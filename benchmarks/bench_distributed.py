@@ -45,13 +45,13 @@ _CLEAN_ENV = (
 )
 
 
-def _job(variant: str, worker_args: list[str], timeout: float) -> dict[str, Any]:
-    """Start one 2-process job; ``ours_launch`` without torchrun, everything else under it."""
+def _job(variant: str, worker_args: list[str], timeout: float, worker: str = WORKER) -> dict[str, Any]:
+    """Start one 2-process job of ``worker``; ``ours_launch`` without torchrun, everything else under it."""
     env = child_env()
     for key in _CLEAN_ENV:
         env.pop(key, None)
     if variant == "ours_launch":
-        cmd = [sys.executable, WORKER, *worker_args]
+        cmd = [sys.executable, worker, *worker_args]
     else:
         cmd = [
             sys.executable,
@@ -60,7 +60,7 @@ def _job(variant: str, worker_args: list[str], timeout: float) -> dict[str, Any]
             "--standalone",
             "--nproc_per_node",
             "2",
-            WORKER,
+            worker,
             *worker_args,
         ]
     env["BENCH_T0"] = repr(time.time())

@@ -4,7 +4,9 @@ The child times its own statements (that is the headline: what our import adds o
 seconds (``process_time``: on a shared machine, time spent preempted by other processes does not count; importing
 is CPU work on files the page cache already holds) and in wall seconds; the harness also times the whole process
 (interpreter start and exit included), which is what a user waits for. Whatever plugins are installed in the
-environment are discovered as usual, so the number includes their registration cost.
+environment are discovered as usual, so the number includes their registration cost. With fabric-deepspeed
+installed, the child also reports how many ``deepspeed`` modules it imported (the plugin promises none until a
+DeepSpeed strategy sets up its processes).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from benchmarks._common import (
     OURS,
     RAW,
     child_env,
+    dist_version,
     paired_ratios,
     parse_result,
     rotated,
@@ -40,6 +43,7 @@ print({prefix!r} + json.dumps({{
     "modules": len(sys.modules),
     "imports_dynamo": "torch._dynamo" in sys.modules,
     "imports_sympy": "sympy" in sys.modules,
+    "deepspeed_modules": sum(m == "deepspeed" or m.startswith("deepspeed.") for m in sys.modules),
 }}), flush=True)
 """
 
@@ -88,6 +92,9 @@ def run(cfg: dict[str, Any], variants: list[str], log: Any = print) -> dict[str,
         "status": "ok",
         "config": {"reps": reps},
         "clock": "process_cpu",
+        # The plugins are discovered in every child; fabric-deepspeed must not make `Fabric(...)` import deepspeed.
+        "deepspeed_installed": dist_version("deepspeed"),
+        "fabric_deepspeed_installed": dist_version("fabric-deepspeed"),
         "variants": {},
         "ratios": {},
         "wall_ratios": {},
@@ -105,6 +112,7 @@ def run(cfg: dict[str, Any], variants: list[str], log: Any = print) -> dict[str,
             "modules": s[-1]["modules"],
             "imports_dynamo": s[-1]["imports_dynamo"],
             "imports_sympy": s[-1]["imports_sympy"],
+            "deepspeed_modules": max(r["deepspeed_modules"] for r in s),
         }
         if v != RAW:
             out["ratios"][v] = paired_ratios([r["total_cpu_s"] for r in s], [r["total_cpu_s"] for r in raw])

@@ -95,6 +95,24 @@ TARGETS: list[tuple[str, str, str, tuple[str, ...], str, str, float]] = [
         0.99,
     ),
     (
+        "deepspeed_stage_2_steady",
+        "DeepSpeed ZeRO-2, 2 procs: steady steps/s / raw DeepSpeed engine (same job, taking turns)",
+        "deepspeed",
+        ("steady_ratios", "stage_2"),
+        OURS,
+        ">=",
+        0.98,
+    ),
+    (
+        "deepspeed_stage_3_steady",
+        "DeepSpeed ZeRO-3, 2 procs: steady steps/s / raw DeepSpeed engine (same job, taking turns)",
+        "deepspeed",
+        ("steady_ratios", "stage_3"),
+        OURS,
+        ">=",
+        0.98,
+    ),
+    (
         "save_time",
         "`fabric.save` blocking time / `torch.save` (crash-safe vs not)",
         "checkpoint",
@@ -210,7 +228,8 @@ def render_markdown(results: dict[str, Any]) -> str:
     L.append(
         f"Machine: {m['cpu_model']}, {m['cores']} cores ({m['usable_cores']} usable), {m['ram_gib']} GiB RAM; "
         f"Python {m['python']}, torch {m['torch']}, fabric-core {m['fabric_core']}, "
-        f"lightning-fabric {m['lightning_fabric'] or 'not installed'}; {m['platform']}."
+        f"lightning-fabric {m['lightning_fabric'] or 'not installed'}, deepspeed {m.get('deepspeed') or 'not installed'};"
+        f" {m['platform']}."
     )
     plugins = ", ".join(f"{p['distribution']} {p['version']}" for p in m["plugins"]) or "none"
     L.append(f"Installed fabric plugins: {plugins}.")
@@ -265,12 +284,25 @@ def render_markdown(results: dict[str, Any]) -> str:
                     _stat(imp["wall_ratios"].get(v)) if v != RAW else "1",
                     _stat(e["process_seconds"]),
                     "yes" if e["imports_dynamo"] else "no",
+                    str(e["deepspeed_modules"]) if "deepspeed_modules" in e else "–",
                 ]
             )
         header = ["variant", "after `import torch`", "CPU s (incl. torch)", "CPU ms added", "CPU ratio"]
-        header += ["wall s", "wall ratio", "whole process wall s", "loads torch._dynamo"]
+        header += ["wall s", "wall ratio", "whole process wall s", "loads torch._dynamo", "deepspeed modules"]
         L += _table(header, rows)
         L.append("")
+        if imp.get("fabric_deepspeed_installed"):
+            loaded = imp["variants"].get(OURS, {}).get("deepspeed_modules")
+            L.append(
+                f"With fabric-deepspeed {imp['fabric_deepspeed_installed']} and deepspeed"
+                f" {imp.get('deepspeed_installed') or 'not installed'} installed (discovered as a plugin in every run):"
+                + (
+                    " `Fabric(accelerator='cpu')` imported no `deepspeed` module."
+                    if loaded == 0
+                    else f" `Fabric(accelerator='cpu')` imported {loaded} `deepspeed` module(s)."
+                )
+            )
+            L.append("")
 
     # ---------------------------------------------------------------- steps
     st = secs.get("steps")
@@ -344,6 +376,41 @@ def render_markdown(results: dict[str, Any]) -> str:
         header = ["variant", "launch (first-step jobs)", "threads/proc", "steady steps/s", "steady ratio"]
         header += ["first step s", "first-step ratio", "imports done s", "setup done s"]
         L += _table(header, rows)
+        L.append("")
+
+    # ---------------------------------------------------------------- deepspeed
+    ds = secs.get("deepspeed")
+    if ds and ds.get("status") == "ok":
+        sd = ds["steady"]
+        L.append(f"### DeepSpeed {ds['deepspeed']}, 2 processes on CPU (gloo): {ds['model']}")
+        L.append("")
+        L.append(
+            f"Steady: {sd['how']} ({sd['reps']} repetitions x {sd['rounds_per_rep']} rounds x {sd['round_steps']}"
+            f" steps). Raw: {sd['raw']}. Ours: {sd['ours']}. Both engines get the same config (the job checks it)."
+        )
+        L.append("")
+        rows = []
+        for key, st in ds["stages"].items():
+            rows.append(
+                [
+                    f"`{st['strategy']}`",
+                    str(st["threads_per_process"]),
+                    _stat(st["variants"][RAW]["steady_steps_per_s"]),
+                    _stat(st["variants"][OURS]["steady_steps_per_s"]),
+                    _stat(ds["steady_ratios"][key][OURS]),
+                    _stat(st.get("round_paired_ratio")),
+                    f"{st['setup_s'][RAW]:.2f} / {st['setup_s'][OURS]:.2f}",
+                ]
+            )
+        header = ["strategy", "threads/proc", "raw steps/s", "ours steps/s", "ours ratio", "round-paired ratio"]
+        L += _table([*header, "setup s raw / ours"], rows)
+        L.append("")
+        L.append(
+            "`ours ratio` (the target's) pairs each repetition's median rounds, as the DDP/FSDP sections do;"
+            " `round-paired ratio` is a cross-check: per repetition, the median over rounds of the ratio within one"
+            " round, less sensitive to load changes between rounds. Setup: the raw engine is built first, so its time"
+            " includes `import deepspeed`."
+        )
         L.append("")
 
     # ---------------------------------------------------------------- checkpoint
