@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from typing import Any
 
 import torch
-from torch import Tensor
-from torch.nn import Module
-from torch.optim import LBFGS, Optimizer
 
 from fabric_core.precision.base import Precision
+from fabric_core.precision.loss_scaling import LossScaling
 from fabric_core.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 _DTYPES = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
@@ -20,7 +17,7 @@ _CPU_FALLBACK_WARNING = (
 )
 
 
-class MixedPrecision(Precision):
+class MixedPrecision(LossScaling, Precision):
     """Automatic mixed precision: weights, gradients and optimizer state stay float32 (the "master weights");
     matrix multiplications and convolutions inside the forward pass run in float16 or bfloat16.
 
@@ -73,8 +70,6 @@ class MixedPrecision(Precision):
         self.scaler: torch.amp.GradScaler | None = scaler
         if precision == "16-mixed" and scaler is None and self._device is not None:
             self.scaler = torch.amp.GradScaler(self._device)
-        # ids of optimizers whose gradients were unscaled since their last step (GradScaler refuses twice).
-        self._unscaled: set[int] = set()
 
     # ---------------------------------------------------------------------------------------- configuration
     @property
@@ -130,60 +125,6 @@ class MixedPrecision(Precision):
     def input_dtype(self) -> torch.dtype:  # type: ignore[override]
         """Floating inputs of the model are cast to the autocast dtype (it follows the CPU fallback)."""
         return self.dtype
-
-    # ---------------------------------------------------------------------------------------- backward / step
-    def pre_backward(self, tensor: Tensor, module: Module | None) -> Tensor:
-        """Scale the loss (``16-mixed``), so small float16 gradients do not flush to zero."""
-        if self.scaler is not None:
-            return self.scaler.scale(tensor)
-        return tensor
-
-    def optimizer_step(self, optimizer: Any, **kwargs: Any) -> Any:
-        if self.scaler is None:
-            return optimizer.step(**kwargs)
-        if isinstance(optimizer, LBFGS):
-            raise TypeError("AMP and the LBFGS optimizer are not compatible.")
-        if kwargs.get("closure") is not None:
-            raise TypeError(
-                "AMP with loss scaling (`precision='16-mixed'`) does not support `optimizer.step(closure)`: the"
-                " gradient scaler must check the gradients between backward and step. Call"
-                " `fabric.backward(loss)` before `optimizer.step()`, or use `precision='bf16-mixed'`."
-            )
-        # Unscales (unless clipping already did), skips the step if any gradient is inf/NaN.
-        output = self.scaler.step(optimizer, **kwargs)
-        # Lower the scale after a skipped step, raise it after `growth_interval` good ones.
-        self.scaler.update()
-        self._unscaled.clear()  # update() reset the scaler's per-optimizer state
-        return output
-
-    def unscale_gradients(self, optimizer: Optimizer) -> None:
-        """Divide the gradients of ``optimizer`` by the loss scale, at most once between two steps."""
-        if self.scaler is None:
-            return
-        if getattr(optimizer, "_step_supports_amp_scaling", False):
-            raise NotImplementedError(
-                "Gradient clipping is not implemented for optimizers handling the unscaling."
-            )
-        if id(optimizer) in self._unscaled:
-            return
-        self.scaler.unscale_(optimizer)
-        self._unscaled.add(id(optimizer))
-
-    # ---------------------------------------------------------------------------------------- state
-    def state_dict(self) -> dict[str, Any]:
-        return self.scaler.state_dict() if self.scaler is not None else {}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if not state_dict:
-            return
-        if self.scaler is None:
-            rank_zero_warn(
-                f"The checkpoint holds loss-scaler state (saved with `precision='16-mixed'`), but this run uses"
-                f" `precision={self.precision!r}`, which has no scaler; the state is ignored."
-            )
-            return
-        self.scaler.load_state_dict(state_dict)
-        self._unscaled.clear()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.precision!r}, device={self._device!r})"

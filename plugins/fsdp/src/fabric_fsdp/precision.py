@@ -13,22 +13,22 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
-from torch import Tensor
 from torch.nn import Module
-from torch.optim import Optimizer
 
 from fabric_core.precision.base import Precision, _DefaultDtype
+from fabric_core.precision.loss_scaling import LossScaling
 
 _HALF = {"16": torch.float16, "bf16": torch.bfloat16}
 SUPPORTED = ("32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed")
 
 
-class FSDPPrecision(Precision):
+class FSDPPrecision(LossScaling, Precision):
     """One of ``32-true``, ``16-true``, ``bf16-true``, ``16-mixed``, ``bf16-mixed`` for the FSDP strategies.
 
     Mixed precision computes in half precision and reduces gradients in float32 (more accurate than reducing
     in half precision, at twice the communication of the gradients). ``16-mixed`` adds a
-    ``ShardedGradScaler`` (loss scaling whose inf/nan check agrees across ranks); pass ``scaler`` to
+    ``ShardedGradScaler`` (loss scaling whose inf/nan check agrees across ranks; driven by the core's
+    ``LossScaling``); pass ``scaler`` to
     configure it yourself.
     """
 
@@ -102,27 +102,3 @@ class FSDPPrecision(Precision):
     def requires_fabric_backward(self) -> bool:
         return self.scaler is not None
 
-    def pre_backward(self, tensor: Tensor, module: Module | None) -> Tensor:
-        if self.scaler is not None:
-            return self.scaler.scale(tensor)
-        return tensor
-
-    def optimizer_step(self, optimizer: Any, **kwargs: Any) -> Any:
-        if self.scaler is None:
-            return optimizer.step(**kwargs)
-        if kwargs.get("closure") is not None:
-            raise TypeError("Loss scaling (`precision='16-mixed'`) does not support an optimizer closure.")
-        output = self.scaler.step(optimizer, **kwargs)
-        self.scaler.update()
-        return output
-
-    def unscale_gradients(self, optimizer: Optimizer) -> None:
-        if self.scaler is not None:
-            self.scaler.unscale_(optimizer)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.scaler.state_dict() if self.scaler is not None else {}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if self.scaler is not None and state_dict:
-            self.scaler.load_state_dict(state_dict)
