@@ -185,8 +185,11 @@ def processes_per_node(
     The strategy decides: its launcher must be able to re-run a script (not only a function), and a strategy
     without a launcher is one process that drives every device itself.
     """
+    from fabric_core.accelerators.base import no_devices_message, requests_no_devices
     from fabric_core.connector import resolve_accelerator
 
+    if requests_no_devices(devices):  # before the accelerator, as `Fabric(devices=0)` does
+        raise CLIError(no_devices_message(devices, (accelerator or "auto").lower()))
     registry = _registry()
     try:
         accelerator_obj = resolve_accelerator(registry, (accelerator or "auto").lower())

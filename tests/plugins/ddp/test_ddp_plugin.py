@@ -287,8 +287,11 @@ def test_cli_processes_per_node():
     # fabric-xla installed: no TPU here; not installed: the install hint. Never a silent process count.
     with pytest.raises(cli_run.CLIError, match="not available|pip install fabric-xla|FABRIC_PLUGINS"):
         cli_run.processes_per_node("tpu", None, "8")
-    with pytest.raises(cli_run.CLIError):
+    with pytest.raises(cli_run.CLIError, match=r"`Fabric\(devices='0'\)` value is not a valid input using cpu accelerator"):
         cli_run.processes_per_node("cpu", None, "0")
+    # devices 0 is refused before the accelerator is resolved (an unavailable one would hide the real mistake)
+    with pytest.raises(cli_run.CLIError, match="value is not a valid input using tpu accelerator"):
+        cli_run.processes_per_node("tpu", None, "0")
 
 
 def test_cli_rejects_bad_input_before_starting_anything(tmp_path, capsys):
