@@ -27,9 +27,8 @@ class FSDPPrecision(LossScaling, Precision):
 
     Mixed precision computes in half precision and reduces gradients in float32 (more accurate than reducing
     in half precision, at twice the communication of the gradients). ``16-mixed`` adds a
-    ``ShardedGradScaler`` (loss scaling whose inf/nan check agrees across ranks; driven by the core's
-    ``LossScaling``); pass ``scaler`` to
-    configure it yourself.
+    ``ShardedGradScaler`` (loss scaling whose inf/nan check agrees across ranks), driven by the core's
+    ``LossScaling``; pass ``scaler`` to configure it yourself.
     """
 
     def __init__(self, precision: str = "32-true", scaler: Any = None, reduce_dtype: torch.dtype | None = torch.float32) -> None:
