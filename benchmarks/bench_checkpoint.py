@@ -10,7 +10,7 @@ Saves: ``torch.save`` (plain, not crash-safe: the comparison a user makes), ``to
 finishes in the background), ``fabric.save(async_save=True)`` (ours; the first asynchronous save of a process
 allocates its snapshot buffers, the next ones reuse them: both are measured), and lightning-fabric's
 ``fabric.save``. For each: ``seconds`` is how long the call blocks the loop, ``total_seconds`` until the checkpoint
-is durable at its path. Loads (all read the same file, written by ``torch.save``, from a warm page
+is durable at its path; the disk is synced before every save, so none pays for an earlier one's writeback. Loads (all read the same file, written by ``torch.save``, from a warm page
 cache): ``torch.load`` (+ ``load_state_dict``), ``torch.load(mmap=True)`` (+ ``load_state_dict``),
 ``fabric.load`` (ours and lightning's), and our checkpoint I/O with ``mmap=True``.
 """
@@ -199,6 +199,7 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
         for rep in range(reps):
             for v in rotated(save_variants, rep):
                 path = os.path.join(folder, f"save-{v}.pt")
+                os.sync()  # no writeback left over from the previous operation: each save starts alike
                 saves[v].append(_run_op("save", v, size, path))
                 os.unlink(path)
             common = os.path.join(folder, "state.pt")

@@ -333,3 +333,10 @@ def test_large_saves_start_writeback_while_serialising(tmp_path, monkeypatch):
     assert offsets == sorted(offsets) and offsets[0] == 0
     assert all(offset + nbytes == nxt for (offset, nbytes), nxt in zip(calls, offsets[1:]))  # contiguous ranges
     assert torch.equal(torch.load(target)["w"], state["w"])
+
+    # Durable in the background (what `fabric.save` does): the caller only serialises; the fsync comes later.
+    calls.clear()
+    handle = checkpoint_io.atomic_save(state, tmp_path / "bg.pt", durable_in_background=True)
+    handle.wait()
+    assert calls == []
+    assert torch.equal(torch.load(tmp_path / "bg.pt")["w"], state["w"]) and _leftovers(tmp_path) == []

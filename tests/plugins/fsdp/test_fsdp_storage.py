@@ -37,3 +37,6 @@ def test_fsdp_checkpoints_round_trip_through_s3_and_async_saves_snapshot(tmp_pat
     versions = [v for v in result["versions_left"] if v.startswith("v-")]
     assert len(versions) == 1 and ".fabric-committed" in result["versions_left"], result
     assert result["async_snapshot"] and result["async_no_temp"], result
+    assert result["async_remote_snapshot"], result  # the values from the call, not from after it
+    left = result["async_remote_left"]
+    assert len([v for v in left if v.startswith("v-")]) == 1 and ".fabric-committed" in left, result

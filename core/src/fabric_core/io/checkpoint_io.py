@@ -107,7 +107,8 @@ def _load_sync_file_range() -> Any:
 
 
 class _WritebackFile:
-    """Write-through file wrapper that starts disk writeback every few MiB while ``torch.save`` serialises.
+    """Write-through file wrapper that starts disk writeback every few MiB while ``torch.save`` serialises
+    (without ``sync_file_range``: plain writes), and keeps the ``OSError`` of a failed write.
 
     Without it the whole checkpoint sits in the page cache until the final ``fsync``, which then waits for all of
     it: measured +55% over a plain ``torch.save`` for 256 MiB. Starting writeback early overlaps disk I/O with
@@ -126,6 +127,12 @@ class _WritebackFile:
         self.error: OSError | None = None
 
     def write(self, data: Any) -> int:
+        if self._sync_file_range is None:  # only keep the error (torch would report a generic failure)
+            try:
+                return self._raw.write(data)
+            except OSError as err:
+                self.error = err
+                raise
         view = memoryview(data).cast("B")  # one tensor arrives as one write: slice it so writeback starts early
         for start in range(0, len(view), self.CHUNK):
             try:
@@ -189,8 +196,14 @@ class _WrittenTemp:
             pass
 
 
-def _write_temp(obj: Any, target: Path) -> _WrittenTemp:
-    """``torch.save`` into a fresh locked temporary file beside ``target``: what the caller must wait for."""
+def _write_temp(obj: Any, target: Path, start_writeback: bool) -> _WrittenTemp:
+    """``torch.save`` into a fresh locked temporary file beside ``target``: what the caller must wait for.
+
+    ``start_writeback`` overlaps disk writes with serialising (:class:`_WritebackFile`), for a caller that waits
+    for the ``fsync`` right after. When the ``fsync`` runs in the background it only costs the caller: measured
+    with 512 MiB, 12 interleaved forked runs, the call blocked 0.80 s (median) with it and 0.21 s without, and the
+    file was durable after 0.85 s with it and 0.44 s without (plain ``torch.save`` over an existing file: 0.40 s).
+    """
     if target.is_dir():
         raise IsADirectoryError(f"Cannot save a checkpoint to {str(target)!r}: it is an existing directory.")
     parent = target.parent
@@ -203,9 +216,8 @@ def _write_temp(obj: Any, target: Path) -> _WrittenTemp:
     try:
         if fcntl is not None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # marks the file as being written (see commit.py)
-        sync_file_range = _load_sync_file_range()
-        writer = _WritebackFile(tmp_file, sync_file_range)
-        torch.save(obj, writer if sync_file_range else tmp_file)
+        writer = _WritebackFile(tmp_file, _load_sync_file_range() if start_writeback else None)
+        torch.save(obj, writer)
         tmp_file.flush()
     except BaseException as err:
         # BaseException on purpose: Ctrl-C mid-save must not leave a multi-GB temporary file behind.
@@ -236,7 +248,7 @@ def atomic_save(obj: Any, path: _PathLike, *, durable_in_background: bool = Fals
     """
     target = Path(os.fspath(path))
     background.wait(target)  # an earlier save of this path must land first (and its error surfaces here)
-    written = _write_temp(obj, target)
+    written = _write_temp(obj, target, start_writeback=not durable_in_background)
     if durable_in_background:
         return background.submit(target, written.commit)
     written.commit()

@@ -263,20 +263,22 @@ def commit_directory_async(
     """Like :func:`commit_directory`, but only the start of the write happens in the caller.
 
     ``start_write(tmp)`` begins this rank's write (e.g. torch.distributed.checkpoint's ``async_save``, which
-    copies the state first) and returns a function that waits for it. Waiting, the votes, the swap and the cleanup
+    copies the state first) and returns a function that waits for it; for a URL ``target``, ``tmp`` is the URL of
+    the new version (:func:`commit_remote_directory`). Waiting, the votes, the swap and the cleanup
     run in the background thread (:mod:`fabric_core.io.background`) and agree over ``background_coordinator``,
     whose collectives must not share a process group with the training loop's. Returns the save's handle.
     """
     from fabric_core.io import background
 
+    staged: _StagedDirectory | _StagedVersion
     if remote.is_url(target):
-        raise NotImplementedError(
-            f"Asynchronous sharded saves to URLs ({target!r}) are not supported yet: save synchronously to the URL, or"
-            " asynchronously to a local path."
-        )
-    staged = _stage_directory(Path(remote.local_path(target)), coordinator)
+        staged = _stage_version(str(target), coordinator)
+        location: Any = staged.location
+    else:
+        staged = _stage_directory(Path(remote.local_path(target)), coordinator)
+        location = staged.tmp
     try:
-        wait = start_write(staged.tmp)
+        wait = start_write(location)
     except BaseException:
         staged.abandon()
         raise
@@ -379,40 +381,63 @@ def commit_remote_directory(target: str, write: Callable[[str], None], coordinat
     marker names a complete version: a kill before it leaves the previous version committed, a kill after it at
     worst leaves an old version to delete. A failed save removes its version.
     """
-    version = coordinator.broadcast(f"{VERSION_PREFIX}{uuid.uuid4().hex[:12]}" if coordinator.is_global_zero else None)
-    location = remote.join(target, version)
+    staged = _stage_version(target, coordinator)
     error: Exception | None = None
     try:
-        write(location)
+        write(staged.location)
     except Exception as err:
         error = err
-    committed = marked = False
-    try:
-        if coordinator.reduce_boolean_decision(error is None, all=True):
-            try:
-                if coordinator.is_global_zero:
-                    fs, path = remote.filesystem(target)
-                    with fs.open(f"{path.rstrip('/')}/{COMMIT_MARKER}", "wb") as file:
-                        file.write(version.encode())
-                    marked = True
-                    for entry in fs.ls(path, detail=False):  # best effort: an old version left behind harms nothing
-                        name = entry.rstrip("/").rpartition("/")[2]
-                        if name.startswith(VERSION_PREFIX) and name != version:
-                            try:
-                                fs.rm(entry, recursive=True)
-                            except Exception:
-                                pass
-            except Exception as err:
-                error = err
+    staged.finish(error, coordinator)
+
+
+class _StagedVersion:
+    """A new version folder at an object-store URL, committed (marker written) or removed by :meth:`finish`."""
+
+    def __init__(self, target: str, version: str) -> None:
+        self.target = target
+        self.version = version
+        self.location = remote.join(target, version)
+
+    def abandon(self) -> None:
+        self._remove()
+
+    def _remove(self) -> None:
+        try:
+            remote.remove(self.location)
+        except Exception:
+            pass
+
+    def finish(self, error: Exception | None, coordinator: Coordinator) -> None:
+        committed = marked = False
+        try:
             if coordinator.reduce_boolean_decision(error is None, all=True):
-                committed = True
-                return
-        if error is not None:
-            raise error
-        raise RuntimeError(f"Saving the checkpoint {target!r} failed on another rank (see its error).")
-    finally:
-        if not committed and not marked and coordinator.is_global_zero:
-            try:
-                remote.remove(location)
-            except Exception:
-                pass
+                try:
+                    if coordinator.is_global_zero:
+                        fs, path = remote.filesystem(self.target)
+                        with fs.open(f"{path.rstrip('/')}/{COMMIT_MARKER}", "wb") as file:
+                            file.write(self.version.encode())
+                        marked = True
+                        for entry in fs.ls(path, detail=False):  # best effort: an old version left behind harms nothing
+                            name = entry.rstrip("/").rpartition("/")[2]
+                            if name.startswith(VERSION_PREFIX) and name != self.version:
+                                try:
+                                    fs.rm(entry, recursive=True)
+                                except Exception:
+                                    pass
+                except Exception as err:
+                    error = err
+                if coordinator.reduce_boolean_decision(error is None, all=True):
+                    committed = True
+                    return
+            if error is not None:
+                raise error
+            raise RuntimeError(f"Saving the checkpoint {self.target!r} failed on another rank (see its error).")
+        finally:
+            if not committed and not marked and coordinator.is_global_zero:
+                self._remove()
+
+
+def _stage_version(target: str, coordinator: Coordinator) -> _StagedVersion:
+    """Rank 0 names the new version; every rank writes into it."""
+    version = coordinator.broadcast(f"{VERSION_PREFIX}{uuid.uuid4().hex[:12]}" if coordinator.is_global_zero else None)
+    return _StagedVersion(target, version)

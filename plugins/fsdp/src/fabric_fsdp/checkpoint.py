@@ -299,7 +299,7 @@ def save_sharded_async(
     meta = copy.deepcopy(meta)
     background_coordinator = strategy.checkpoint_coordinator()  # every rank, same point: may create its group
 
-    def start(folder: Path) -> Any:
+    def start(folder: str | Path) -> Any:
         future = dcp.async_save(
             shards,
             storage_writer=_writer(folder),

@@ -86,6 +86,23 @@ def main(out: Path, url: str) -> None:
     assert fabric.load(out / "async-ckpt", {"model": target, "optimizer": target_opt})["step"] == 4
     result["async_snapshot"] = all(torch.equal(a, b) for a, b in zip(full(target).values(), before.values()))
     result["async_no_temp"] = not [p.name for p in out.iterdir() if p.name.startswith(".async-ckpt")]
+
+    # asynchronous sharded save to the object store: a new version committed by its marker in the background
+    fabric.save(url + "/async-remote", {"model": target, "optimizer": target_opt, "step": 5}, async_save=True).wait()
+    before = full(target)
+    handle = fabric.save(url + "/async-remote", {"model": target, "optimizer": target_opt, "step": 6}, async_save=True)
+    with torch.no_grad():
+        for p in target.parameters():
+            p.add_(1000.0)
+    handle.wait()
+    remote_target, remote_opt = build(fabric, 4)
+    assert fabric.load(url + "/async-remote", {"model": remote_target, "optimizer": remote_opt})["step"] == 6
+    result["async_remote_snapshot"] = all(torch.equal(a, b) for a, b in zip(full(remote_target).values(), before.values()))
+    if fabric.is_global_zero:
+        from fabric_core.io import remote
+
+        fs, inner = remote.filesystem(url + "/async-remote")
+        result["async_remote_left"] = sorted(p.rpartition("/")[2] for p in fs.ls(inner, detail=False))
     if fabric.is_global_zero:
         (out / "result.json").write_text(json.dumps(result))
 
