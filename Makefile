@@ -68,12 +68,15 @@ lint: $(STAMP)
 	$(BIN)/ruff check core plugins tests examples benchmarks
 
 # lightning-fabric is an optional comparator: installed without its dependencies (so pip cannot swap the pinned
-# torch), plus the small ones it needs; a failed install only drops it from the comparison. `make bench
+# torch), plus the small ones it needs; a failed install only drops it from the comparison. It also installs a
+# `fabric` console script over ours, so fabric-core is reinstalled right after (ours must stay `fabric`). `make bench
 # BENCH_ARGS=--quick` for a short run.
 bench: $(STAMP)
-	@$(BIN)/python -c "import lightning_fabric" 2>/dev/null || \
-		$(BIN)/python -m pip install --quiet --no-deps lightning-fabric lightning-utilities fsspec packaging typing-extensions || \
+	@$(BIN)/python -c "import lightning_fabric" 2>/dev/null || { \
+		$(BIN)/python -m pip install --quiet --no-deps lightning-fabric lightning-utilities fsspec packaging typing-extensions && \
+		$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation --force-reinstall -e core; } || \
 		echo "lightning-fabric could not be installed: benchmarking without it"
+	@grep -q "fabric_core" $(BIN)/fabric || { echo "$(BIN)/fabric is not fabric-core's CLI"; exit 1; }
 	@$(BIN)/python -c "import re, torch; pin = re.search(r'^torch==(\S+)', open('requirements-dev.txt').read(), re.M).group(1); \
 		assert torch.__version__.split('+')[0] == pin, f'torch is {torch.__version__}, requirements-dev.txt pins {pin}'"
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
