@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
-import os
 import sys
-import time
 from pathlib import Path
 
 import torch
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # tests/: the shared script helpers
+from script_helpers import dump, expect_error, mark, max_diff, out_dir  # noqa: E402,F401 (re-exported)
 
 D_IN, D, D_OUT, BATCH = 8, 16, 4, 4  # BATCH per rank
 LR = 1e-2
@@ -95,32 +95,3 @@ class _nothing:
 
     def __exit__(self, *exc: object) -> None:
         return None
-
-
-def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert set(a) == set(b), (sorted(a), sorted(b))
-    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
-
-
-_T0 = time.perf_counter()
-
-
-def mark(what: str) -> None:
-    print(f"[{time.perf_counter() - _T0:7.2f}s] {what}", flush=True)
-
-
-def dump(path: str | os.PathLike, data: dict) -> None:
-    Path(path).write_text(json.dumps(data, indent=1))
-
-
-def expect_error(kind: type[BaseException], match: str, fn, *args, **kwargs) -> str:
-    try:
-        fn(*args, **kwargs)
-    except kind as err:
-        assert match in str(err), f"{kind.__name__} message {str(err)!r} lacks {match!r}"
-        return str(err)
-    raise AssertionError(f"expected {kind.__name__} ({match!r}) from {fn}")
-
-
-def out_dir() -> Path:
-    return Path(sys.argv[1])
