@@ -41,7 +41,7 @@ MODES: dict[str, dict[str, Any]] = {
         "ddp_rounds": 20,
         "ddp_round_steps": 3,
         "ckpt_mib": 512,
-        "ckpt_reps": 5,
+        "ckpt_reps": 11,
         "fsdp_ckpt_mib": 256,
         "fsdp_ckpt_reps": 4,
         "ds_warmup": 10,

@@ -24,6 +24,7 @@ from benchmarks._common import (
     OURS,
     RAW,
     REPO_ROOT,
+    RESULT_PREFIX,
     child_env,
     module_available,
     paired_ratios,
@@ -66,8 +67,23 @@ def _job(variant: str, worker_args: list[str], timeout: float, worker: str = WOR
     env["BENCH_T0"] = repr(time.time())
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=timeout)
     if proc.returncode != 0:
+        if _EXIT_ABORT in proc.stderr and RESULT_PREFIX in proc.stdout:
+            # The work finished and was reported; a rank then aborted at interpreter exit (the torch/gloo
+            # teardown crash fabric-core guards against, docs/decisions.md): keep the numbers, count the crash.
+            result = parse_result(proc.stdout)
+            result["exit_aborted"] = True
+            return result
         raise RuntimeError(f"{variant} job exited with {proc.returncode}:\n{proc.stderr[-2500:]}")
     return parse_result(proc.stdout)
+
+
+#: What libstdc++ prints when a native thread is unwound during interpreter finalization (exit code 134/-6).
+_EXIT_ABORT = "terminate called without an active exception"
+
+
+def exit_aborts(samples: dict[str, list[dict[str, Any]]]) -> dict[str, int]:
+    """Per variant, how many of its jobs reported their result and then crashed at exit."""
+    return {v: sum(1 for r in rs if r.get("exit_aborted")) for v, rs in samples.items()}
 
 
 def skip_reason(strategy: str) -> str | None:
@@ -135,7 +151,10 @@ def run(strategy: str, cfg: dict[str, Any], lightning: bool, log: Any = print) -
         "variants": {},
         "steady_ratios": {},
         "first_step_ratios": {},
+        "jobs_aborted_at_exit": exit_aborts(samples | {"interleaved": [steady]}),
     }
+    if any(out["jobs_aborted_at_exit"].values()):
+        log(f"  {strategy} jobs that finished their work and then aborted at exit: {out['jobs_aborted_at_exit']}")
     for v in sorted(
         set(steady_variants) | set(first_variants), key=[RAW, OURS, "ours_launch", LIGHTNING].index
     ):
