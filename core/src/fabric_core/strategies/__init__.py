@@ -2,6 +2,6 @@
 
 from fabric_core.strategies.base import BackwardSyncControl, Strategy
 from fabric_core.strategies.parallel import ParallelStrategy
-from fabric_core.strategies.single_device import SingleDeviceStrategy
+from fabric_core.strategies.single_device import OneProcessCollectives, SingleDeviceStrategy
 
-__all__ = ["BackwardSyncControl", "ParallelStrategy", "SingleDeviceStrategy", "Strategy"]
+__all__ = ["BackwardSyncControl", "OneProcessCollectives", "ParallelStrategy", "SingleDeviceStrategy", "Strategy"]

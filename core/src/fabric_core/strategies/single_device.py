@@ -26,7 +26,31 @@ class _NothingToSync(BackwardSyncControl):
         return nullcontext()
 
 
-class SingleDeviceStrategy(Strategy):
+class OneProcessCollectives:
+    """The collectives of a strategy that runs one process (one device, or one SPMD program over several): every
+    one is an identity. Put it before the strategy base class; override :meth:`validate_reduce_op` to accept
+    fewer reductions."""
+
+    def validate_reduce_op(self, reduce_op: str | Any) -> str | Any:
+        return check_reduce_op(reduce_op)
+
+    def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
+        return tensor
+
+    def all_reduce(self, tensor: Tensor, group: Any | None = None, reduce_op: str | Any = "mean") -> Tensor:
+        self.validate_reduce_op(reduce_op)
+        return tensor
+
+    def barrier(self, name: str | None = None) -> None:
+        pass
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        if src != 0:
+            raise ValueError(f"`broadcast(src={src!r})`: there is one process, rank 0; `src` must be 0.")
+        return obj
+
+
+class SingleDeviceStrategy(OneProcessCollectives, Strategy):
     """Everything in this process on ``device``; collectives are identities."""
 
     def __init__(
@@ -73,17 +97,3 @@ class SingleDeviceStrategy(Strategy):
     def backward_sync_control(self) -> BackwardSyncControl:
         return _NothingToSync()
 
-    def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
-        return tensor
-
-    def all_reduce(self, tensor: Tensor, group: Any | None = None, reduce_op: str | Any = "mean") -> Tensor:
-        check_reduce_op(reduce_op)
-        return tensor
-
-    def barrier(self, name: str | None = None) -> None:
-        pass
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        if src != 0:
-            raise ValueError(f"`broadcast(src={src!r})`: there is one process, rank 0; `src` must be 0.")
-        return obj

@@ -30,7 +30,7 @@ from torch.optim import Optimizer
 
 from fabric_core.io.state import Filter
 from fabric_core.strategies.base import BackwardSyncControl, Strategy, check_reduce_op
-from fabric_core.strategies.single_device import SingleDeviceStrategy
+from fabric_core.strategies.single_device import OneProcessCollectives, SingleDeviceStrategy
 from fabric_xla import runtime
 from fabric_xla.environment import XLAEnvironment
 
@@ -155,21 +155,9 @@ class _XLAMixin:
         return runtime.to_cpu(converted) if self.is_global_zero else converted  # type: ignore[attr-defined]
 
     # ---------------------------------------------------------------------------------------- collectives
-    # One process (single device, or SPMD on one host): every collective is an identity, as on a single device.
-    def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
-        return tensor
-
-    def all_reduce(self, tensor: Tensor, group: Any | None = None, reduce_op: str | Any = "mean") -> Tensor:
-        check_xla_reduce_op(reduce_op)
-        return tensor
-
-    def barrier(self, name: str | None = None) -> None:
-        pass
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        if src != 0:
-            raise ValueError(f"`broadcast(src={src!r})`: there is one process, rank 0; `src` must be 0.")
-        return obj
+    def validate_reduce_op(self, reduce_op: str | Any) -> str:
+        """XLA reduces only sums and means (used by the one-process collectives of the core)."""
+        return check_xla_reduce_op(reduce_op)
 
 
 class SingleDeviceXLAStrategy(_XLAMixin, SingleDeviceStrategy):
@@ -378,7 +366,7 @@ class XLAStrategy(_XLAMixin, Strategy):
         return f"XLAStrategy(devices={self.num_processes}, launched={self._launched})"
 
 
-class XLAFSDPStrategy(_XLAMixin, Strategy):
+class XLAFSDPStrategy(_XLAMixin, OneProcessCollectives, Strategy):
     """Fully sharded data parallel under SPMD (torch_xla's FSDPv2): one process drives every device of its host.
 
     Each parameter's largest dimension is split over the mesh axis ``"fsdp"`` (all devices), and so is the batch
@@ -518,10 +506,10 @@ class XLAFSDPStrategy(_XLAMixin, Strategy):
 
     def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
         self._one_process("all_gather")
-        return tensor
+        return super().all_gather(tensor, group, sync_grads)
 
     def all_reduce(self, tensor: Tensor, group: Any | None = None, reduce_op: str | Any = "mean") -> Tensor:
-        check_xla_reduce_op(reduce_op)
+        self.validate_reduce_op(reduce_op)
         self._one_process("all_reduce")
         return tensor
 
