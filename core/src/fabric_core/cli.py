@@ -1,12 +1,13 @@
-"""The ``fabric`` command line: ``fabric plugins``, ``fabric run``, ``fabric consolidate``.
+"""The ``fabric`` command line: ``fabric plugins``, ``fabric run``, ``fabric consolidate``, ``fabric env``.
 
 Built on argparse so the core needs no CLI dependency. Importing this module is cheap (no torch): ``fabric
 --help`` must answer instantly, and ``fabric plugins`` lists every registered name *without* importing the
 modules behind them; ``fabric plugins --check`` imports each one, reports whether it can be used here, runs
 every plugin's decision hooks once with a CPU probe, and flags registration modules that import heavy modules.
 
-``run`` lives in :mod:`fabric_core.cli_run` (it parses its own line: Fabric's options may follow SCRIPT) and
-``consolidate`` in :mod:`fabric_core.cli_consolidate`.
+``run`` lives in :mod:`fabric_core.cli_run` (it parses its own line: Fabric's options may follow SCRIPT),
+``consolidate`` in :mod:`fabric_core.cli_consolidate` and ``env`` (the bug-report summary) in
+:mod:`fabric_core.cli_env`.
 """
 
 from __future__ import annotations
@@ -277,10 +278,12 @@ def build_parser() -> argparse.ArgumentParser:
     plugins.set_defaults(handler=plugins_main)
 
     from fabric_core.cli_consolidate import add_consolidate_parser
+    from fabric_core.cli_env import add_env_parser
     from fabric_core.cli_run import add_run_parser
 
     add_run_parser(subparsers)
     add_consolidate_parser(subparsers)
+    add_env_parser(subparsers)
     return parser
 
 
