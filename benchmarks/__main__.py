@@ -1,4 +1,9 @@
-"""``python -m benchmarks [--quick]``: run every section, write the JSON results and the Markdown report."""
+"""``python -m benchmarks [--quick | --tiny]``: run the sections, write the JSON results and the Markdown report.
+
+The sections are the modules of ``benchmarks/sections/`` (see ``benchmarks/section.py``); this file only runs
+them in order, each in the current process or, when it asks for it, in a fresh interpreter
+(``python -m benchmarks --child NAME CONTEXT_JSON``, which prints its result as one JSON line).
+"""
 
 from __future__ import annotations
 
@@ -11,109 +16,31 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import bench_deepspeed, bench_distributed, bench_fsdp_checkpoint, bench_import
 from benchmarks._common import (
     LIGHTNING,
     OURS,
     RAW,
     REPO_ROOT,
+    emit,
     lightning_available,
     machine_info,
     precompile_fabric_packages,
     run_child,
 )
 from benchmarks.report import evaluate_targets, render_summary, write_markdown
+from benchmarks.section import RunContext, Section, by_name, discover
 
-SECTIONS = ("import", "steps", "checkpoint", "fsdp_checkpoint", "ddp", "fsdp", "deepspeed")
-
-MODES: dict[str, dict[str, Any]] = {
-    "full": {
-        "import_reps": 7,
-        "import_warmup": True,
-        "cases": ["tiny", "tiny_dataloader", "mlp"],
-        "round_steps": {"tiny": 10, "tiny_dataloader": 10, "mlp": 2},
-        "rounds": 40,
-        "steps_reps": 7,
-        "phases": True,
-        "ddp_reps": 5,
-        "ddp_warmup": 10,
-        "ddp_steady_reps": 7,
-        "ddp_rounds": 20,
-        "ddp_round_steps": 3,
-        "ckpt_mib": 512,
-        "ckpt_reps": 11,
-        "fsdp_ckpt_mib": 256,
-        "fsdp_ckpt_reps": 4,
-        "ds_warmup": 10,
-        "ds_reps": 9,
-        "ds_rounds": 30,
-        "ds_round_steps": 3,
-    },
-    "quick": {
-        "import_reps": 2,
-        "import_warmup": False,
-        "cases": ["tiny", "tiny_dataloader", "mlp"],
-        "round_steps": {"tiny": 10, "tiny_dataloader": 10, "mlp": 2},
-        "rounds": 10,
-        "steps_reps": 3,
-        "phases": False,
-        "ddp_reps": 1,
-        "ddp_warmup": 5,
-        "ddp_steady_reps": 2,
-        "ddp_rounds": 6,
-        "ddp_round_steps": 3,
-        "ddp_variants": [RAW, OURS],
-        "ds_warmup": 5,
-        "ds_reps": 3,
-        "ds_rounds": 10,
-        "ds_round_steps": 3,
-        "skip": {
-            "fsdp": "not run in --quick mode (run `python -m benchmarks` for it)",
-            "fsdp_checkpoint": "not run in --quick mode (run `python -m benchmarks` for it)",
-        },
-        # lightning-fabric's import costs seconds in every fresh interpreter: compared in the full run only.
-        "no_lightning": ["import", "ddp"],
-        "ckpt_mib": 256,
-        "ckpt_reps": 1,
-    },
-    # A few iterations of everything cheap: for the smoke test of the harness itself, numbers mean nothing.
-    "tiny": {
-        "import_reps": 1,
-        "import_warmup": False,
-        "cases": ["tiny", "tiny_dataloader", "mlp"],
-        "round_steps": {"tiny": 2, "tiny_dataloader": 2, "mlp": 1},
-        "rounds": 2,
-        "steps_reps": 2,
-        "phases": True,
-        "ddp_reps": 1,
-        "ddp_warmup": 1,
-        "ddp_steady_reps": 1,
-        "ddp_rounds": 1,
-        "ddp_round_steps": 1,
-        "skip": {
-            "ddp": "not run in --tiny mode (starts 2-process jobs)",
-            "deepspeed": "not run in --tiny mode (starts 2-process jobs)",
-            "fsdp": "not run in --tiny mode (starts 2-process jobs)",
-            "fsdp_checkpoint": "not run in --tiny mode (starts 2-process jobs)",
-        },
-        "ckpt_mib": 8,
-        "ckpt_reps": 1,
-    },
-}
+SCHEMA = 2
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None, names: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="fewer repetitions, smaller states: a few minutes")
     mode.add_argument(
-        "--quick", action="store_true", help="fewer repetitions and a 256 MiB checkpoint: under a minute"
+        "--tiny", action="store_true", help="a few iterations of every section (the harness's smoke test)"
     )
-    mode.add_argument(
-        "--tiny", action="store_true", help="a few iterations of each cheap section (harness smoke test)"
-    )
-    p.add_argument(
-        "--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}"
-    )
+    p.add_argument("--sections", default=",".join(names), help=f"comma-separated subset of {','.join(names)}")
     p.add_argument(
         "--no-lightning", action="store_true", help="leave lightning-fabric out even when it is installed"
     )
@@ -132,31 +59,65 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--ckpt-dir", default=None, help="where checkpoint files are written (default: the system temp dir)"
     )
+    p.add_argument("--child", nargs=2, metavar=("SECTION", "CONTEXT_JSON"), help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    mode = "quick" if args.quick else "tiny" if args.tiny else "full"
-    cfg = dict(MODES[mode])
-    cfg["threads"] = args.threads
-    cfg["clock"] = args.clock
-    cfg["ckpt_dir"] = args.ckpt_dir
-    wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
-    unknown = set(wanted) - set(SECTIONS)
-    if unknown:
-        print(f"unknown section(s) {sorted(unknown)}; choose from {', '.join(SECTIONS)}", file=sys.stderr)
-        return 2
-    lightning = lightning_available() and not args.no_lightning
-    variants = [RAW, OURS] + ([LIGHTNING] if lightning else [])
-    cfg["variants"] = variants
+def _log(msg: str) -> None:
+    print(msg, flush=True)
 
-    def log(msg: str) -> None:
-        print(msg, flush=True)
+
+def _run_section(section: Section, mode: str, lightning: bool, options: dict[str, Any]) -> dict[str, Any]:
+    cfg = section.mode_config(mode)
+    if isinstance(cfg, str):
+        return {"status": "skipped", "reason": cfg}
+    reason = section.unavailable()
+    if reason is not None:
+        return {"status": "skipped", "reason": reason}
+    with_lightning = lightning and section.compares_lightning and cfg.get("lightning", True)
+    variants = (RAW, OURS, LIGHTNING) if with_lightning else (RAW, OURS)
+    ctx = RunContext(mode=mode, config=cfg, variants=variants, options=options, log=_log)
+    if not section.isolated:
+        return section.run(ctx)
+    payload = {"mode": mode, "config": dict(cfg), "variants": list(variants), "options": options}
+    return run_child(
+        ["-m", "benchmarks", "--child", section.name, json.dumps(payload)], timeout=section.timeout_s
+    )
+
+
+def _child(name: str, payload: str) -> int:
+    """Inside the fresh interpreter of an isolated section: run it, print its result line."""
+    data = json.loads(payload)
+    ctx = RunContext(
+        mode=data["mode"],
+        config=data["config"],
+        variants=tuple(data["variants"]),
+        options=data["options"],
+        log=lambda msg: print(msg, file=sys.stderr, flush=True),
+    )
+    emit(by_name(name).run(ctx))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    sections = discover()
+    names = [s.name for s in sections]
+    args = parse_args(argv, names)
+    if args.child:
+        return _child(*args.child)
+    mode = "quick" if args.quick else "tiny" if args.tiny else "full"
+    wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = set(wanted) - set(names)
+    if unknown:
+        print(f"unknown section(s) {sorted(unknown)}; choose from {', '.join(names)}", file=sys.stderr)
+        return 2
+    chosen = [s for s in sections if s.name in wanted]
+    lightning = lightning_available() and not args.no_lightning
+    options = {"threads": args.threads, "clock": args.clock, "ckpt_dir": args.ckpt_dir}
 
     started = time.time()
     results: dict[str, Any] = {
-        "schema": 1,
+        "schema": SCHEMA,
         "mode": mode,
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": machine_info(),
@@ -170,40 +131,25 @@ def main(argv: list[str] | None = None) -> int:
         else (
             "lightning-fabric is not installed" if not lightning_available() else "left out (--no-lightning)"
         ),
-        "config": {k: v for k, v in cfg.items() if k != "ckpt_dir"},
+        "options": {k: v for k, v in options.items() if k != "ckpt_dir"},
+        "config": {s.name: s.mode_config(mode) for s in chosen},
         "sections": {},
     }
-    log(f"benchmarks ({mode}): {', '.join(variants)}; sections {', '.join(wanted)}")
+    _log(
+        f"benchmarks ({mode}): {', '.join(results['comparators'][k] or k for k in (RAW, OURS, LIGHTNING) if results['comparators'][k])}; sections {', '.join(s.name for s in chosen)}"
+    )
     results["bytecode_precompiled"] = precompile_fabric_packages()
-    skips: dict[str, str] = cfg.get("skip", {})
-    no_lf: list[str] = cfg.get("no_lightning", [])
-    for section in SECTIONS:
-        if section not in wanted:
-            continue
-        log(f"[{section}]")
+    for section in chosen:
+        _log(f"[{section.name}]")
         t0 = time.time()
         try:
-            if section in skips:
-                res: dict[str, Any] = {"status": "skipped", "reason": skips[section]}
-            elif section == "import":
-                res = bench_import.run(
-                    cfg, [v for v in variants if v != LIGHTNING or section not in no_lf], log
-                )
-            elif section == "steps":
-                res = run_child(["-m", "benchmarks.bench_steps", json.dumps(cfg)], timeout=1800)
-            elif section == "checkpoint":
-                res = run_child(["-m", "benchmarks.bench_checkpoint", json.dumps(cfg)], timeout=3600)
-            elif section == "fsdp_checkpoint":
-                res = bench_fsdp_checkpoint.run(cfg)
-            elif section in ("ddp", "fsdp"):
-                res = bench_distributed.run(section, cfg, lightning and section not in no_lf, log)
-            else:  # deepspeed
-                res = bench_deepspeed.run(cfg, log)
+            res = _run_section(section, mode, lightning, options)
+            res.setdefault("status", "ok")
         except Exception as err:  # one broken section must not hide the others
             res = {"status": "error", "reason": f"{type(err).__name__}: {err}"[-4000:]}
         res["elapsed_s"] = round(time.time() - t0, 1)
-        results["sections"][section] = res
-        log(
+        results["sections"][section.name] = res
+        _log(
             f"  -> {res['status']} in {res['elapsed_s']} s"
             + (f": {res['reason']}" if res.get("reason") else "")
         )
@@ -213,16 +159,16 @@ def main(argv: list[str] | None = None) -> int:
         load = None
     results["machine"]["loadavg_at_end"] = load
     results["elapsed_s"] = round(time.time() - started, 1)
-    results["targets"] = evaluate_targets(results)
+    results["targets"] = evaluate_targets(results, chosen)
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1) + "\n")
-    log(f"wrote {out}")
+    _log(f"wrote {out}")
     if args.md:
-        write_markdown(Path(args.md), results)
-        log(f"updated {args.md}")
-    log(render_summary(results))
+        write_markdown(Path(args.md), results, chosen)
+        _log(f"updated {args.md}")
+    _log(render_summary(results))
     return 0
 
 

@@ -14,6 +14,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -168,6 +169,64 @@ def run_child(args: Sequence[str], *, timeout: float, env: dict[str, str] | None
         tail = (proc.stderr or proc.stdout)[-3000:]
         raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}:\n{tail}")
     return parse_result(proc.stdout)
+
+
+#: Variables a job must not inherit from the harness's environment: each launcher applies its own defaults.
+_JOB_CLEAN_ENV = (
+    "OMP_NUM_THREADS",
+    "FABRIC_CLI_USED",
+    "LOCAL_RANK",
+    "RANK",
+    "WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+#: What libstdc++ prints when a native thread is unwound during interpreter finalization (exit code 134/-6).
+_EXIT_ABORT = "terminate called without an active exception"
+
+
+def run_job(
+    script: str, args: Sequence[str], *, nproc: int = 2, torchrun: bool = True, timeout: float = 600
+) -> Any:
+    """Start one ``nproc``-process job of ``script`` and return the result line rank 0 emitted.
+
+    ``torchrun=False`` starts ``python script`` alone (its ``fabric.launch()`` starts the other ranks). The job
+    gets ``BENCH_T0``, the moment it was started, for time-to-first-step measurements. A job that reported its
+    result and then aborted at interpreter exit (the torch/gloo teardown crash fabric-core guards against,
+    docs/decisions.md) keeps its numbers, with ``exit_aborted`` set so the section can count such jobs.
+    """
+    env = child_env()
+    for key in _JOB_CLEAN_ENV:
+        env.pop(key, None)
+    cmd = [sys.executable, script, *args]
+    if torchrun:
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            str(nproc),
+            script,
+        ]
+        cmd += list(args)
+    env["BENCH_T0"] = repr(time.time())
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=timeout)
+    if proc.returncode != 0:
+        if _EXIT_ABORT in proc.stderr and RESULT_PREFIX in proc.stdout:
+            result = parse_result(proc.stdout)
+            result["exit_aborted"] = True
+            return result
+        raise RuntimeError(
+            f"{' '.join(cmd[-len(args) - 1 :])} exited with {proc.returncode}:\n{proc.stderr[-2500:]}"
+        )
+    return parse_result(proc.stdout)
+
+
+def exit_aborts(samples: dict[str, list[dict[str, Any]]]) -> dict[str, int]:
+    """Per variant, how many of its jobs reported their result and then crashed at exit."""
+    return {v: sum(1 for r in rs if r.get("exit_aborted")) for v, rs in samples.items()}
 
 
 # ------------------------------------------------------------------------------------------------ memory (Linux)

@@ -20,15 +20,23 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# the repository root, for `benchmarks._common` when run as a script
 sys.path.insert(0, os.path.dirname(HERE))
 
-RESULT_PREFIX = "BENCH_JSON "
+from benchmarks._common import (  # noqa: E402
+    child_env,
+    emit,
+    module_available,
+    paired_ratios,
+    rotated,
+    run_child,
+    summarize,
+)
 
 #: Dense bf16 tensor-core peaks (TFLOP/s) by device-name fragment, first match wins; --peak-tflops overrides.
 PEAK_BF16_TFLOPS = (
@@ -235,10 +243,7 @@ def worker(args: argparse.Namespace) -> None:
     seconds = trainer.steps(args.steps)
     if trainer.rank == 0:
         tokens = args.batch * cfg["seq"] * args.steps * trainer.world
-        print(
-            RESULT_PREFIX + json.dumps({"tokens_per_s": tokens / seconds, "world_size": trainer.world}),
-            flush=True,
-        )
+        emit({"tokens_per_s": tokens / seconds, "world_size": trainer.world})
     import torch.distributed as dist
 
     if dist.is_initialized():
@@ -248,7 +253,6 @@ def worker(args: argparse.Namespace) -> None:
 
 def run_job(mode: str, impl: str, args: argparse.Namespace, nproc: int) -> dict[str, Any]:
     cmd = [
-        sys.executable,
         "-m",
         "torch.distributed.run",
         "--standalone",
@@ -268,34 +272,16 @@ def run_job(mode: str, impl: str, args: argparse.Namespace, nproc: int) -> dict[
         str(args.batch),
     ]
     cmd += ["--seq", str(args.seq)] + (["--cpu-dry-run"] if args.cpu_dry_run else [])
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.path.dirname(HERE) + os.pathsep + env.get("PYTHONPATH", "")
-    if args.cpu_dry_run:
-        env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.job_timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{mode}/{impl} job failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX) :])
-    raise RuntimeError(f"{mode}/{impl} job printed no result:\n{proc.stdout[-2000:]}")
+    env = child_env({"OMP_NUM_THREADS": "1"} if args.cpu_dry_run else None)
+    return run_child(cmd, timeout=args.job_timeout, env=env)
 
 
 # ------------------------------------------------------------------------------------------------ sections
-def _available(module: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(module) is not None
-
-
 def _summarise(
     raw: list[float], ours: list[float], fpt: float, peak: float | None, world: int
 ) -> dict[str, Any]:
-    def stat(values: list[float]) -> dict[str, Any]:
-        return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
-
-    out: dict[str, Any] = {"tokens_per_s": {"raw": stat(raw), "ours": stat(ours)}}
-    out["ratio"] = stat([o / r for o, r in zip(ours, raw)])
+    out: dict[str, Any] = {"tokens_per_s": {"raw": summarize(raw), "ours": summarize(ours)}}
+    out["ratio"] = paired_ratios(ours, raw)
     if peak:
         out["mfu"] = {
             k: statistics.median(v) * fpt / (peak * world) for k, v in (("raw", raw), ("ours", ours))
@@ -306,7 +292,7 @@ def _summarise(
 def section_single(
     args: argparse.Namespace, cfg: dict[str, int], fpt: float, peak: float | None
 ) -> dict[str, Any]:
-    if not _available("fabric_amp"):
+    if not module_available("fabric_amp"):
         return {
             "status": "skipped",
             "reason": "`fabric_amp` is not importable: install fabric-amp (plugins/amp) for bf16-mixed",
@@ -317,7 +303,7 @@ def section_single(
         t.steps(args.warmup)
     times: dict[str, list[float]] = {"raw": [], "ours": []}
     for rep in range(args.reps):
-        for impl in ("raw", "ours") if rep % 2 == 0 else ("ours", "raw"):
+        for impl in rotated(["raw", "ours"], rep):
             times[impl].append(trainers[impl].steps(args.steps))
     tokens = args.batch * cfg["seq"] * args.steps
     res = _summarise([tokens / s for s in times["raw"]], [tokens / s for s in times["ours"]], fpt, peak, 1)
@@ -330,12 +316,12 @@ def section_parallel(
 ) -> dict[str, Any]:
     plugin = {"ddp": "fabric_ddp", "fsdp": "fabric_fsdp"}[mode]
     for needed in ("fabric_amp", plugin):
-        if not _available(needed):
+        if not module_available(needed):
             dist = needed.replace("_", "-")
             return {"status": "skipped", "reason": f"`{needed}` is not importable: install {dist}"}
     results: dict[str, list[float]] = {"raw": [], "ours": []}
     for rep in range(args.reps):
-        for impl in ("raw", "ours") if rep % 2 == 0 else ("ours", "raw"):
+        for impl in rotated(["raw", "ours"], rep):
             results[impl].append(run_job(mode, impl, args, nproc)["tokens_per_s"])
     return {
         "status": "ok",

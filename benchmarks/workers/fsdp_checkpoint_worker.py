@@ -1,6 +1,6 @@
-"""2-rank FSDP sharded saves, synchronous and asynchronous, taking turns; run by ``bench_fsdp_checkpoint.py``.
+"""2-rank FSDP sharded saves, synchronous and asynchronous, taking turns; run by ``sections/fsdp_checkpoint.py``.
 
-    python benchmarks/fsdp_checkpoint_worker.py SIZE_MIB REPS FOLDER
+    python benchmarks/workers/fsdp_checkpoint_worker.py SIZE_MIB REPS FOLDER
 
 Rank 0 prints one result line: per variant, the seconds ``fabric.save`` blocked the loop and the seconds until
 the checkpoint was committed (``handle.wait()``), for each repetition.
@@ -23,9 +23,12 @@ def main(size_mib: int, reps: int, folder: str) -> None:
     fabric.launch()
     width = 1024
     layers = max(1, size_mib * 2**20 // (4 * width * width))
-    model = fabric.setup_module(torch.nn.Sequential(*(torch.nn.Linear(width, width, bias=False) for _ in range(layers))))
+    model = fabric.setup_module(
+        torch.nn.Sequential(*(torch.nn.Linear(width, width, bias=False) for _ in range(layers)))
+    )
     state = {"model": model, "step": 0}
-    fabric.save(f"{folder}/warmup", state, async_save=True).wait()  # the first async save sets up its buffers/group
+    # the first asynchronous save sets up its buffers and group
+    fabric.save(f"{folder}/warmup", state, async_save=True).wait()
     results: dict[str, dict[str, list[float]]] = {v: {"blocking": [], "total": []} for v in ("sync", "async")}
     for rep in range(reps):
         for variant in ("sync", "async") if rep % 2 == 0 else ("async", "sync"):

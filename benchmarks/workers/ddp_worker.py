@@ -1,9 +1,9 @@
-"""One 2-process data-parallel training run on CPU (gloo), written raw or through a Fabric; used by bench_distributed.
+"""One 2-process data-parallel training run on CPU (gloo), written raw or through a Fabric; used by sections/ddp.py and fsdp.py.
 
-    torchrun --standalone --nproc_per_node 2 benchmarks/ddp_worker.py --impl raw --strategy ddp
-    torchrun --standalone --nproc_per_node 2 benchmarks/ddp_worker.py --impl ours --strategy ddp
-    python benchmarks/ddp_worker.py --impl ours --strategy ddp          # fabric.launch() starts rank 1
-    torchrun ... benchmarks/ddp_worker.py --impl interleaved --variants raw,ours,lightning
+    torchrun --standalone --nproc_per_node 2 benchmarks/workers/ddp_worker.py --impl raw --strategy ddp
+    torchrun --standalone --nproc_per_node 2 benchmarks/workers/ddp_worker.py --impl ours --strategy ddp
+    python benchmarks/workers/ddp_worker.py --impl ours --strategy ddp          # fabric.launch() starts rank 1
+    torchrun ... benchmarks/workers/ddp_worker.py --impl interleaved --variants raw,ours,lightning
 
 Rank 0 prints one result line: seconds from ``BENCH_T0`` (set by the harness just before it starts the job) to
 the end of the first optimizer step, with the moments imports and setup finished, and the steady steps/s (from
@@ -25,7 +25,8 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)  # the repository root, for `benchmarks` when torchrun starts this file
 from benchmarks._common import emit, rotated  # noqa: E402
 
 

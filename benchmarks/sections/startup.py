@@ -20,6 +20,7 @@ from benchmarks._common import (
     LIGHTNING,
     OURS,
     RAW,
+    RESULT_PREFIX,
     child_env,
     dist_version,
     paired_ratios,
@@ -27,6 +28,8 @@ from benchmarks._common import (
     rotated,
     summarize,
 )
+from benchmarks.report import stat, table
+from benchmarks.section import RenderContext, RunContext, Section, Target
 
 _CHILD = """
 import json, sys, time
@@ -55,8 +58,6 @@ BODIES = {
 
 
 def _run_once(variant: str) -> dict[str, Any]:
-    from benchmarks._common import RESULT_PREFIX
-
     code = _CHILD.format(body=BODIES[variant], prefix=RESULT_PREFIX)
     env = child_env()
     env.pop("FABRIC_CLI_USED", None)
@@ -70,9 +71,10 @@ def _run_once(variant: str) -> dict[str, Any]:
     return result
 
 
-def run(cfg: dict[str, Any], variants: list[str], log: Any = print) -> dict[str, Any]:
-    reps = cfg["import_reps"]
-    if cfg.get("import_warmup", True):
+def run(ctx: RunContext) -> dict[str, Any]:
+    variants, log = list(ctx.variants), ctx.log
+    reps = ctx.config["reps"]
+    if ctx.config["warmup"]:
         # The page cache then holds every file, so the first measured run is not special.
         for v in variants:
             _run_once(v)
@@ -124,3 +126,60 @@ def run(cfg: dict[str, Any], variants: list[str], log: Any = print) -> dict[str,
                 [1e3 * (a["total_cpu_s"] - b["total_cpu_s"]) for a, b in zip(s, raw)]
             )
     return out
+
+
+def render(imp: dict[str, Any], ctx: RenderContext) -> str:
+    rows = []
+    for v, e in imp["variants"].items():
+        rows.append(
+            [
+                v,
+                "`" + e["statement"].replace("\n", "; ") + "`",
+                stat(e["cpu_seconds"]),
+                stat(e.get("added_cpu_ms"), fixed=0) if v != RAW else "–",
+                stat(imp["ratios"].get(v)) if v != RAW else "1",
+                stat(e["seconds"]),
+                stat(imp["wall_ratios"].get(v)) if v != RAW else "1",
+                stat(e["process_seconds"]),
+                "yes" if e["imports_dynamo"] else "no",
+                str(e["deepspeed_modules"]) if "deepspeed_modules" in e else "–",
+            ]
+        )
+    header = ["variant", "after `import torch`", "CPU s (incl. torch)", "CPU ms added", "CPU ratio"]
+    header += ["wall s", "wall ratio", "whole process wall s", "loads torch._dynamo", "deepspeed modules"]
+    lines = ["### Import and construction (fresh interpreter per run)", "", *table(header, rows), ""]
+    if imp.get("fabric_deepspeed_installed"):
+        loaded = imp["variants"].get(OURS, {}).get("deepspeed_modules")
+        lines.append(
+            f"With fabric-deepspeed {imp['fabric_deepspeed_installed']} and deepspeed"
+            f" {imp.get('deepspeed_installed') or 'not installed'} installed (discovered as a plugin in every run):"
+            + (
+                " `Fabric(accelerator='cpu')` imported no `deepspeed` module."
+                if loaded == 0
+                else f" `Fabric(accelerator='cpu')` imported {loaded} `deepspeed` module(s)."
+            )
+        )
+    return "\n".join(lines)
+
+
+SECTION = Section(
+    name="import",
+    order=10,
+    modes={
+        "full": {"reps": 7, "warmup": True},
+        # lightning-fabric's import costs seconds in every fresh interpreter: compared in the full run only.
+        "quick": {"reps": 2, "warmup": False, "lightning": False},
+        "tiny": {"reps": 1, "warmup": False, "lightning": False},
+    },
+    run=run,
+    render=render,
+    targets=(
+        Target(
+            "import",
+            "import + `Fabric(accelerator='cpu')` CPU time / bare `import torch`",
+            ("ratios",),
+            "<=",
+            1.05,
+        ),
+    ),
+)

@@ -1,6 +1,6 @@
 """Steady steps/s of a raw DeepSpeed engine and of ``Fabric(strategy="deepspeed_stage_N")``, in one 2-process job.
 
-    torchrun --standalone --nproc_per_node 2 benchmarks/deepspeed_worker.py --stage 2
+    torchrun --standalone --nproc_per_node 2 benchmarks/workers/deepspeed_worker.py --stage 2
 
 Both engines hold the same model (``ddp_worker.build_model``) with the same config and take turns in short rounds
 (A B, B A, ...), so each pair of rounds sees the same machine; rank 0 prints one result line with each variant's
@@ -27,9 +27,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)  # the repository root, for `benchmarks` when torchrun starts this file
 from benchmarks._common import emit, rotated  # noqa: E402
-from benchmarks.ddp_worker import build_model  # noqa: E402
+from benchmarks.workers.ddp_worker import build_model  # noqa: E402
 
 #: The raw engine's config: what `Fabric(strategy="deepspeed_stage_N")` gives DeepSpeed in float32 on the CPU
 #: (the reference strategy's defaults, plus no clipping, one micro-batch, and every `step()` an optimizer step).

@@ -1,6 +1,7 @@
 """2-process data parallel on CPU: steady steps/s and time to first step, ours vs a raw torchrun script.
 
-Steady throughput: one torchrun job (``ddp_worker.py --impl interleaved``) holds a raw DDP (or FSDP2
+The measurement and the rendering of the ``ddp`` and ``fsdp`` sections (``ddp.py``, ``fsdp.py`` declare them).
+Steady throughput: one torchrun job (``workers/ddp_worker.py --impl interleaved``) holds a raw DDP (or FSDP2
 ``fully_shard``) model, the same model set up through ``Fabric(strategy=...)`` and, for DDP, through
 lightning-fabric; they take turns in short rounds, so each pair of rounds sees the same machine. Time to first
 step: fresh jobs, one per variant, interleaved and rotated per repetition. ``raw`` is the plain script under
@@ -14,9 +15,6 @@ thread per process; ours: cores // processes); the thread count each run used is
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
 from typing import Any
 
 from benchmarks._common import (
@@ -24,81 +22,36 @@ from benchmarks._common import (
     OURS,
     RAW,
     REPO_ROOT,
-    RESULT_PREFIX,
-    child_env,
+    exit_aborts,
     module_available,
     paired_ratios,
-    parse_result,
     rotated,
+    run_job,
     summarize,
 )
+from benchmarks.report import stat, table
+from benchmarks.section import RunContext, Target
 
-WORKER = str(REPO_ROOT / "benchmarks" / "ddp_worker.py")
+WORKER = str(REPO_ROOT / "benchmarks" / "workers" / "ddp_worker.py")
 PLUGIN_FOR = {"ddp": "fabric_ddp", "fsdp": "fabric_fsdp"}
-_CLEAN_ENV = (
-    "OMP_NUM_THREADS",
-    "FABRIC_CLI_USED",
-    "LOCAL_RANK",
-    "RANK",
-    "WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-)
 
 
-def _job(variant: str, worker_args: list[str], timeout: float, worker: str = WORKER) -> dict[str, Any]:
-    """Start one 2-process job of ``worker``; ``ours_launch`` without torchrun, everything else under it."""
-    env = child_env()
-    for key in _CLEAN_ENV:
-        env.pop(key, None)
-    if variant == "ours_launch":
-        cmd = [sys.executable, worker, *worker_args]
-    else:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            worker,
-            *worker_args,
-        ]
-    env["BENCH_T0"] = repr(time.time())
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=timeout)
-    if proc.returncode != 0:
-        if _EXIT_ABORT in proc.stderr and RESULT_PREFIX in proc.stdout:
-            # The work finished and was reported; a rank then aborted at interpreter exit (the torch/gloo
-            # teardown crash fabric-core guards against, docs/decisions.md): keep the numbers, count the crash.
-            result = parse_result(proc.stdout)
-            result["exit_aborted"] = True
-            return result
-        raise RuntimeError(f"{variant} job exited with {proc.returncode}:\n{proc.stderr[-2500:]}")
-    return parse_result(proc.stdout)
+def _job(variant: str, args: list[str], timeout: float) -> dict[str, Any]:
+    """``ours_launch`` starts with ``python script.py`` (``fabric.launch()`` starts rank 1), the rest under torchrun."""
+    return run_job(WORKER, args, torchrun=variant != "ours_launch", timeout=timeout)
 
 
-#: What libstdc++ prints when a native thread is unwound during interpreter finalization (exit code 134/-6).
-_EXIT_ABORT = "terminate called without an active exception"
-
-
-def exit_aborts(samples: dict[str, list[dict[str, Any]]]) -> dict[str, int]:
-    """Per variant, how many of its jobs reported their result and then crashed at exit."""
-    return {v: sum(1 for r in rs if r.get("exit_aborted")) for v, rs in samples.items()}
-
-
-def skip_reason(strategy: str) -> str | None:
+def unavailable(strategy: str) -> str | None:
     plugin = PLUGIN_FOR[strategy]
     if not module_available(plugin):
         return f"`{plugin}` is not importable: install {plugin.replace('_', '-')} (plugins/{strategy})"
     return None
 
 
-def run(strategy: str, cfg: dict[str, Any], lightning: bool, log: Any = print) -> dict[str, Any]:
-    reason = skip_reason(strategy)
-    if reason is not None:
-        return {"status": "skipped", "reason": reason}
-    with_lightning = lightning and strategy == "ddp"
-    timeout = cfg.get("ddp_timeout", 600)
+def run(strategy: str, ctx: RunContext) -> dict[str, Any]:
+    cfg, log = ctx.config, ctx.log
+    with_lightning = ctx.lightning  # the fsdp section leaves it out: lightning-fabric refuses FSDP on CPU
+    timeout = cfg.get("timeout", 600)
 
     # -------------------------------------------------------------- steady: one job, variants take turns
     steady_variants = [RAW, OURS] + ([LIGHTNING] if with_lightning else [])
@@ -106,8 +59,8 @@ def run(strategy: str, cfg: dict[str, Any], lightning: bool, log: Any = print) -
         "interleaved",
         [
             "--impl", "interleaved", "--strategy", strategy, "--variants", ",".join(steady_variants),
-            "--warmup", str(cfg["ddp_warmup"]), "--reps", str(cfg["ddp_steady_reps"]),
-            "--rounds", str(cfg["ddp_rounds"]), "--round-steps", str(cfg["ddp_round_steps"]),
+            "--warmup", str(cfg["warmup"]), "--reps", str(cfg["steady_reps"]),
+            "--rounds", str(cfg["rounds"]), "--round-steps", str(cfg["round_steps"]),
         ],
         timeout,
     )  # fmt: skip
@@ -118,11 +71,11 @@ def run(strategy: str, cfg: dict[str, Any], lightning: bool, log: Any = print) -
     )
 
     # -------------------------------------------------------------- first step: fresh jobs
-    first_variants = list(cfg.get("ddp_variants") or [RAW, OURS, "ours_launch", LIGHTNING])
+    first_variants = list(cfg.get("first_step_variants") or [RAW, OURS, "ours_launch", LIGHTNING])
     if not with_lightning:
         first_variants = [v for v in first_variants if v != LIGHTNING]
     samples: dict[str, list[dict[str, Any]]] = {v: [] for v in first_variants}
-    reps = cfg["ddp_reps"]
+    reps = cfg["first_step_reps"]
     for rep in range(reps):
         for v in rotated(first_variants, rep):
             impl = OURS if v == "ours_launch" else v
@@ -139,9 +92,9 @@ def run(strategy: str, cfg: dict[str, Any], lightning: bool, log: Any = print) -
         "model": "3 x Linear(512,512) with ReLU, batch 64 per process, SGD, gloo",
         "steady": {
             "how": "one torchrun job, variants take turns in rounds; steps/s from each repetition's median round",
-            "reps": cfg["ddp_steady_reps"],
-            "rounds_per_rep": cfg["ddp_rounds"],
-            "round_steps": cfg["ddp_round_steps"],
+            "reps": cfg["steady_reps"],
+            "rounds_per_rep": cfg["rounds"],
+            "round_steps": cfg["round_steps"],
             "threads_per_process": steady["threads"],
         },
         "first_step": {
@@ -154,7 +107,9 @@ def run(strategy: str, cfg: dict[str, Any], lightning: bool, log: Any = print) -
         "jobs_aborted_at_exit": exit_aborts(samples | {"interleaved": [steady]}),
     }
     if any(out["jobs_aborted_at_exit"].values()):
-        log(f"  {strategy} jobs that finished their work and then aborted at exit: {out['jobs_aborted_at_exit']}")
+        log(
+            f"  {strategy} jobs that finished their work and then aborted at exit: {out['jobs_aborted_at_exit']}"
+        )
     for v in sorted(
         set(steady_variants) | set(first_variants), key=[RAW, OURS, "ours_launch", LIGHTNING].index
     ):
@@ -178,3 +133,45 @@ def run(strategy: str, cfg: dict[str, Any], lightning: bool, log: Any = print) -
                 )
         out["variants"][v] = entry
     return out
+
+
+def render(title: str, d: dict[str, Any]) -> str:
+    sd, fs = d["steady"], d["first_step"]
+    lines = [f"### {title}, 2 processes on CPU (gloo): {d['model']}", ""]
+    lines.append(
+        f"Steady: {sd['how']} ({sd['reps']} repetitions x {sd['rounds_per_rep']} rounds x {sd['round_steps']} steps,"
+        f" {sd['threads_per_process']} thread(s) per process). First step: {fs['how']} ({fs['reps']} repetitions)."
+    )
+    lines.append("")
+    rows = []
+    for v, e in d["variants"].items():
+        rows.append(
+            [
+                v,
+                e.get("launch", "–"),
+                str(e.get("threads_per_process", "–")),
+                stat(e.get("steady_steps_per_s")),
+                ("1" if v == RAW else stat(d["steady_ratios"].get(v))) if "steady_steps_per_s" in e else "–",
+                stat(e.get("first_step_s")),
+                ("1" if v == RAW else stat(d["first_step_ratios"].get(v))) if "first_step_s" in e else "–",
+                stat(e.get("imported_s")),
+                stat(e.get("setup_done_s")),
+            ]
+        )
+    header = ["variant", "launch (first-step jobs)", "threads/proc", "steady steps/s", "steady ratio"]
+    header += ["first step s", "first-step ratio", "imports done s", "setup done s"]
+    lines += table(header, rows)
+    aborted = {k: n for k, n in d.get("jobs_aborted_at_exit", {}).items() if n}
+    if aborted:
+        lines += ["", f"Jobs that reported their numbers and then aborted at interpreter exit: {aborted}."]
+    return "\n".join(lines)
+
+
+def steady_target(strategy: str, title: str) -> Target:
+    return Target(
+        f"{strategy}_steady",
+        f"{title} 2 procs: steady steps/s / raw {title}{'2' if strategy == 'fsdp' else ''} (same job, taking turns)",
+        ("steady_ratios",),
+        ">=",
+        0.99,
+    )

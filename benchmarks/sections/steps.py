@@ -1,6 +1,6 @@
 """Training-loop throughput: the same loop written in raw PyTorch, with fabric-core, and with lightning-fabric.
 
-All variants live in one process (run by the harness as ``python -m benchmarks.bench_steps CONFIG_JSON``), start
+All variants live in one process (the section is isolated: the harness runs it in a fresh interpreter), start
 from identical weights, and take turns in short rounds of k steps (A B C, B C A, ...). Each repetition gives one
 steps/s per variant; ratios and "µs added per step" are computed within a repetition, then summarised.
 
@@ -12,19 +12,16 @@ goes.
 from __future__ import annotations
 
 import gc
-import json
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-import torch
-import torch.nn.functional as F
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from benchmarks._common import LIGHTNING, OURS, RAW, paired_ratios, rotated, summarize
+from benchmarks.report import stat, table
+from benchmarks.section import RenderContext, RunContext, Section, Target
 
-from benchmarks._common import LIGHTNING, OURS, RAW, emit, paired_ratios, rotated, summarize
+# torch is imported inside the functions: the harness reads this module's SECTION without importing torch.
 
 #: The block clock. ``process_time`` (CPU seconds of this process) by default: with one intra-op thread it is the
 #: wall time an idle machine would show, minus what other processes on a shared machine steal. ``--clock wall``
@@ -55,7 +52,10 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 
-def build_model(kind: str) -> nn.Module:
+def build_model(kind: str) -> Any:
+    import torch
+    from torch import nn
+
     torch.manual_seed(0)
     if kind == "tiny":
         return nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 2))
@@ -66,7 +66,9 @@ def build_model(kind: str) -> nn.Module:
     raise ValueError(kind)
 
 
-def make_data(kind: str, batch: int, n_batches: int) -> tuple[torch.Tensor, torch.Tensor]:
+def make_data(kind: str, batch: int, n_batches: int) -> tuple[Any, Any]:
+    import torch
+
     g = torch.Generator().manual_seed(1)
     n = batch * n_batches
     if kind == "tiny":
@@ -74,7 +76,9 @@ def make_data(kind: str, batch: int, n_batches: int) -> tuple[torch.Tensor, torc
     return torch.randn(n, 512, generator=g), torch.randn(n, 512, generator=g)
 
 
-def loss_fn(kind: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+def loss_fn(kind: str) -> Callable[[Any, Any], Any]:
+    import torch.nn.functional as F
+
     return F.cross_entropy if kind == "tiny" else F.mse_loss
 
 
@@ -196,6 +200,9 @@ class Runner:
     """One variant of one case: its own model copy, optimizer and data, ready to run a few steps at a time."""
 
     def __init__(self, variant: str, case: dict[str, Any], epoch_batches: int) -> None:
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
         self.variant = variant
         self.case = case
         kind = case["model"]
@@ -229,7 +236,7 @@ class Runner:
         return phases_loop(self.fabric, self.model, self.opt, self.data, (self.x, self.y), n, self.lf)
 
 
-def run_case(name: str, cfg: dict[str, Any], variants: list[str]) -> dict[str, Any]:
+def run_case(name: str, cfg: Any, variants: list[str]) -> dict[str, Any]:
     """Interleave the variants in rounds of ``k`` steps each; a repetition is ``rounds`` such rounds.
 
     Rounds are short (a few ms), so the two members of a pair see nearly the same machine; within a repetition
@@ -284,12 +291,14 @@ def run_case(name: str, cfg: dict[str, Any], variants: list[str]) -> dict[str, A
     return out
 
 
-def main(cfg: dict[str, Any]) -> dict[str, Any]:
+def run(ctx: RunContext) -> dict[str, Any]:
+    import torch
+
     global clock
-    clock = time.perf_counter if cfg.get("clock") == "wall" else time.process_time
-    if cfg.get("threads"):
-        torch.set_num_threads(int(cfg["threads"]))
-    variants: list[str] = cfg["variants"]
+    clock = time.perf_counter if ctx.options.get("clock") == "wall" else time.process_time
+    if ctx.options.get("threads"):
+        torch.set_num_threads(int(ctx.options["threads"]))
+    variants = list(ctx.variants)
     if LIGHTNING in variants:
         import lightning_fabric  # noqa: F401  (imported up front: every variant then runs in the same process state)
     result: dict[str, Any] = {
@@ -298,10 +307,88 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
         "clock": "wall" if clock is time.perf_counter else "process_cpu",
         "cases": {},
     }
-    for name in cfg["cases"]:
-        result["cases"][name] = run_case(name, cfg, variants)
+    for name in ctx.config["cases"]:
+        result["cases"][name] = run_case(name, ctx.config, variants)
     return result
 
 
-if __name__ == "__main__":
-    emit(main(json.loads(sys.argv[1])))
+def render(st: dict[str, Any], ctx: RenderContext) -> str:
+    lines = [f"### Training loop, one process ({st['threads']} intra-op thread(s), clock: {st['clock']})", ""]
+    header = ["case", "raw steps/s", "ours steps/s", "ours ratio", "ours µs added/step"]
+    if ctx.lightning:
+        header += ["lightning steps/s", "lightning ratio", "lightning µs added/step"]
+    rows = []
+    for name, c in st["cases"].items():
+        row = [
+            f"{name}: {c['description']}",
+            stat(c["variants"][RAW]["steps_per_s"]),
+            stat(c["variants"][OURS]["steps_per_s"]),
+            stat(c["ratios"][OURS]),
+            stat(c["us_added_per_step"][OURS], fixed=1),
+        ]
+        if ctx.lightning and LIGHTNING in c["variants"]:
+            row += [
+                stat(c["variants"][LIGHTNING]["steps_per_s"]),
+                stat(c["ratios"][LIGHTNING]),
+                stat(c["us_added_per_step"][LIGHTNING], fixed=1),
+            ]
+        rows.append(row)
+    lines += [*table(header, rows), ""]
+    if any("phases_us_added" in c for c in st["cases"].values()):
+        lines += ["Where the added time goes (median µs per step added to each phase, vs the raw loop):", ""]
+        rows = []
+        for name, c in st["cases"].items():
+            for v, added in c.get("phases_us_added", {}).items():
+                rows.append([name, v] + [f"{added[p]:+.1f}" for p in PHASES])
+        lines += table(["case", "variant", *PHASES], rows)
+    return "\n".join(lines)
+
+
+SECTION = Section(
+    name="steps",
+    order=20,
+    isolated=True,
+    timeout_s=1800,
+    modes={
+        "full": {
+            "cases": ["tiny", "tiny_dataloader", "mlp"],
+            "round_steps": {"tiny": 10, "tiny_dataloader": 10, "mlp": 2},
+            "rounds": 40,
+            "steps_reps": 7,
+            "phases": True,
+        },
+        "quick": {
+            "cases": ["tiny", "tiny_dataloader", "mlp"],
+            "round_steps": {"tiny": 10, "tiny_dataloader": 10, "mlp": 2},
+            "rounds": 10,
+            "steps_reps": 3,
+            "phases": False,
+        },
+        "tiny": {
+            "cases": ["tiny", "tiny_dataloader", "mlp"],
+            "round_steps": {"tiny": 2, "tiny_dataloader": 2, "mlp": 1},
+            "rounds": 2,
+            "steps_reps": 2,
+            "phases": True,
+        },
+    },
+    run=run,
+    render=render,
+    targets=(
+        Target(
+            "steps_tiny",
+            "steps/s, tiny model, fixed batch / raw loop",
+            ("cases", "tiny", "ratios"),
+            ">=",
+            0.98,
+        ),
+        Target(
+            "steps_tiny_dataloader",
+            "steps/s, tiny model with DataLoader / raw loop",
+            ("cases", "tiny_dataloader", "ratios"),
+            ">=",
+            0.98,
+        ),
+        Target("steps_mlp", "steps/s, 3x512 MLP / raw loop", ("cases", "mlp", "ratios"), ">=", 0.99),
+    ),
+)

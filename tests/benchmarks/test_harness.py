@@ -1,0 +1,134 @@
+"""The benchmark harness's own logic, with made-up sections: targets, modes, skips, the report's markers."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # `benchmarks` is a folder of the repository, not an installed package
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.__main__ import _run_section  # noqa: E402
+from benchmarks._common import summarize  # noqa: E402
+from benchmarks.report import BEGIN, END, evaluate_target, render_markdown, write_markdown  # noqa: E402
+from benchmarks.section import RenderContext, RunContext, Section, Target  # noqa: E402
+
+SPEED = Target("speed", "steps/s / raw", ("ratios",), ">=", 0.98)
+
+
+def _section(**kwargs: Any) -> Section:
+    seen: list[RunContext] = []
+
+    def run(ctx: RunContext) -> dict[str, Any]:
+        seen.append(ctx)
+        return {
+            "ratios": {"ours": summarize([1.0, 0.97, 1.02]), "lightning": summarize([0.8])},
+            "n": ctx.config["n"],
+        }
+
+    def render(result: dict[str, Any], ctx: RenderContext) -> str:
+        return f"### Made up\n\nn = {result['n']}, lightning shown: {ctx.lightning}"
+
+    defaults: dict[str, Any] = {"name": "made_up", "modes": {"full": {"n": 3}}, "run": run, "render": render}
+    section = Section(**{**defaults, **kwargs, "targets": kwargs.get("targets", (SPEED,))})
+    section.__dict__["seen"] = seen  # frozen dataclass: keep the calls for the assertions
+    return section
+
+
+def _results(section: Section, res: dict[str, Any], mode: str = "full") -> dict[str, Any]:
+    machine = {"cpu_model": "cpu", "cores": 2, "usable_cores": 2, "ram_gib": 1.0, "python": "3", "torch": "t"}
+    machine |= {"fabric_core": "f", "lightning_fabric": None, "platform": "p", "plugins": []}
+    results = {"mode": mode, "created": "now", "elapsed_s": 1.0, "machine": machine, "lightning_note": None}
+    results |= {"comparators": {"lightning": None}, "sections": {section.name: res}}
+    results["targets"] = [evaluate_target(t, section.name, res, mode) for t in section.targets]
+    return results
+
+
+def test_target_verdicts() -> None:
+    ok = {"status": "ok", "ratios": {"ours": summarize([1.0, 0.97, 1.02]), "lightning": summarize([0.8])}}
+    met = evaluate_target(SPEED, "s", ok, "full")
+    assert met["status"] == "met" and met["range_crosses_target"] is True
+    assert met["lightning"]["median"] == 0.8
+    strict = Target("speed", "steps/s / raw", ("ratios",), ">=", 1.01)
+    assert evaluate_target(strict, "s", ok, "full")["status"] == "not met"
+    assert evaluate_target(SPEED, "s", ok, "tiny")["status"].startswith("not judged")
+    skipped = evaluate_target(SPEED, "s", {"status": "skipped", "reason": "no plugin"}, "full")
+    assert (skipped["status"], skipped["reason"]) == ("skipped", "no plugin")
+    assert evaluate_target(SPEED, "s", {"status": "ok", "ratios": {}}, "full")["status"] == "not run"
+    assert evaluate_target(SPEED, "s", None, "full")["status"] == "not run"
+
+
+def test_bad_declarations_fail_at_import() -> None:
+    with pytest.raises(ValueError, match="op must be"):
+        Target("x", "x", ("r",), "<", 1.0)
+    with pytest.raises(ValueError, match="unknown mode"):
+        _section(modes={"fast": {}})
+
+
+def test_a_mode_left_out_or_refused_is_skipped_with_the_reason() -> None:
+    section = _section(modes={"full": {"n": 3}, "quick": "too slow for --quick"})
+    assert _run_section(section, "quick", False, {}) == {
+        "status": "skipped",
+        "reason": "too slow for --quick",
+    }
+    assert _run_section(section, "tiny", False, {}) == {
+        "status": "skipped",
+        "reason": "not run in --tiny mode",
+    }
+    unavailable = _section(unavailable=lambda: "`fabric_x` is not importable")
+    assert _run_section(unavailable, "full", True, {})["reason"] == "`fabric_x` is not importable"
+    assert section.seen == [] and unavailable.seen == []
+
+
+def test_run_receives_its_mode_settings_and_variants() -> None:
+    section = _section(modes={"full": {"n": 3}, "quick": {"n": 1, "lightning": False}})
+    assert _run_section(section, "full", True, {"threads": 1})["n"] == 3
+    assert _run_section(section, "full", False, {})["n"] == 3
+    assert _run_section(section, "quick", True, {})["n"] == 1
+    assert [c.variants for c in section.seen] == [
+        ("raw", "ours", "lightning"),
+        ("raw", "ours"),
+        ("raw", "ours"),
+    ]
+    assert section.seen[0].options == {"threads": 1}
+    no_lightning = _section(compares_lightning=False)
+    _run_section(no_lightning, "full", True, {})
+    assert no_lightning.seen[0].variants == ("raw", "ours")
+
+
+def test_report_keeps_the_hand_written_text(tmp_path: Path) -> None:
+    section = _section()
+    res = {"status": "ok", **section.run(RunContext("full", {"n": 3}, ("raw", "ours"), {}))}
+    results = _results(section, res)
+    md = render_markdown(results, [section])
+    assert "### Made up\n\nn = 3, lightning shown: False" in md
+    assert "| steps/s / raw | >= 0.98 | 1 [0.97–1.02] | – | met (range crosses) |" in md
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text(f"# Title\n\nbefore\n\n{BEGIN}\nold numbers\n{END}\n\nafter\n")
+    write_markdown(doc, results, [section])
+    write_markdown(doc, results, [section])  # a second run replaces the first one's part
+    text = doc.read_text()
+    assert text.startswith("# Title\n\nbefore\n\n") and text.endswith(f"{END}\n\nafter\n")
+    assert "old numbers" not in text and text.count("### Made up") == 1
+
+
+def test_a_failing_renderer_loses_only_its_own_part() -> None:
+    def broken(result: dict[str, Any], ctx: RenderContext) -> str:
+        raise KeyError("missing")
+
+    section = _section(render=broken)
+    results = _results(section, {"status": "ok", "ratios": {}, "n": 1})
+    md = render_markdown(results, [section])
+    assert "### Targets" in md and "rendering failed: KeyError" in md
+
+
+def test_skipped_sections_say_why() -> None:
+    section = _section()
+    md = render_markdown(
+        _results(section, {"status": "skipped", "reason": "not run in --quick mode"}), [section]
+    )
+    assert "- `made_up`: skipped: not run in --quick mode" in md
