@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fabric_core.registry import build_registry
+from fabric_core.plugins import build_registry
 
 REPO = Path(__file__).resolve().parents[1]
 PLUGINS = sorted(p for p in (REPO / "plugins").iterdir() if (p / "pyproject.toml").is_file())

@@ -12,7 +12,7 @@ from fabric_core import Fabric
 from fabric_core.accelerators import Accelerator, CPUAccelerator, CUDAAccelerator, MPSAccelerator
 from fabric_core.accelerators.cpu import CPU_DEVICES_MESSAGE, parse_cpu_devices
 from fabric_core.accelerators.cuda import DEVICE_IDS_TYPE_MESSAGE, parse_gpu_ids
-from fabric_core.registry import get_registry, reset_registry
+from fabric_core.plugins import get_registry, reset_registry
 from fabric_core.utilities.exceptions import DeviceIdError, MisconfigurationException, NoDevicesAvailableError
 from fabric_core.utilities.rank_zero import set_rank
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fabric_core import Fabric
-from fabric_core.registry import reset_registry
+from fabric_core.plugins import reset_registry
 
 
 @pytest.fixture(autouse=True)

@@ -17,8 +17,7 @@ import pytest
 
 from fabric_core.accelerators.cpu import CPUAccelerator
 from fabric_core.cli import collect_plugins, format_table, main
-from fabric_core.hookspecs import hookimpl
-from fabric_core.registry import FabricPluginWarning, build_registry
+from fabric_core.plugins import FabricPluginWarning, build_registry, hookimpl
 
 
 def _rows(table: str) -> dict[tuple[str, str], list[str]]:

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fabric_core import Fabric
 from fabric_core.precision.base import Precision
-from fabric_core.registry import reset_registry
+from fabric_core.plugins import reset_registry
 from fabric_core.strategies.single_device import SingleDeviceStrategy
 from fabric_core.utilities.apply import batch_mover, move_data_to_device
 from fabric_core.utilities.rank_zero import set_rank

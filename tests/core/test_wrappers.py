@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, Sampler, TensorDataset
 
 from fabric_core import Fabric, is_wrapped
-from fabric_core.registry import reset_registry
+from fabric_core.plugins import reset_registry
 from fabric_core.strategies.single_device import SingleDeviceStrategy
 from fabric_core.utilities.rank_zero import set_rank
 from fabric_core.wrappers import FabricDataLoader, FabricModule, FabricOptimizer, unwrap_objects

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fabric_core.registry import reset_registry
+from fabric_core.plugins import reset_registry
 
 
 @pytest.fixture(autouse=True)

@@ -1,10 +1,10 @@
 """fabric-core: keep your PyTorch training loop, switch device, strategy and precision by argument.
 
 ``from fabric_core import Fabric, seed_everything, is_wrapped`` is the public surface; plugins extend it
-through the hooks in :mod:`fabric_core.hookspecs`.
+through the hooks in :mod:`fabric_core.plugins.hookspecs`.
 
 The public names are imported on first access (PEP 562), so importing a light submodule such as
-``fabric_core.hookspecs`` or the ``fabric`` CLI does not pay for ``import torch``.
+``fabric_core.plugins.hookspecs`` or the ``fabric`` CLI does not pay for ``import torch``.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fabric_core.registry import Entry, Registry
+    from fabric_core.plugins.registry import Entry, Registry
 
 PROG = "fabric"
 NOT_CHECKED = "not checked"
@@ -54,7 +54,7 @@ def collect_plugins(
     registry: Registry, check: bool = False, kinds: Sequence[str] | None = None
 ) -> dict[str, Any]:
     """Everything ``fabric plugins`` shows, as plain data (what ``--json`` prints)."""
-    from fabric_core.registry import KINDS
+    from fabric_core.plugins.kinds import KINDS
 
     core_version = _core_version()
 
@@ -109,14 +109,14 @@ def collect_plugins(
 
 def describe_plugins(registry: Registry, check: bool) -> list[dict[str, Any]]:
     """Each loaded plugin: its distribution, the decision hooks it answers, and (with ``check``) heavy imports."""
-    from fabric_core.discovery import REGISTRATION_HOOKS
+    from fabric_core.plugins.kinds import KINDS
 
     pm = registry.plugin_manager
     out = []
     for info in sorted(registry.plugins.values(), key=lambda i: i.position):
         plugin = pm.get_plugin(info.name)
         hooks = sorted(
-            caller.name for caller in (pm.get_hookcallers(plugin) or []) if caller.name not in REGISTRATION_HOOKS.values()
+            caller.name for caller in (pm.get_hookcallers(plugin) or []) if caller.name not in KINDS.values()
         ) if plugin is not None else []
         row: dict[str, Any] = {
             "plugin": info.name,
@@ -232,7 +232,8 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def plugins_main(args: argparse.Namespace) -> int:
-    from fabric_core.registry import FabricPluginWarning, get_registry
+    from fabric_core.plugins.host import get_registry
+    from fabric_core.plugins.registry import FabricPluginWarning
 
     # Failures and conflicts are part of the report below; don't print them a second time as Python warnings.
     with warnings.catch_warnings():
@@ -253,7 +254,7 @@ def plugins_main(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from fabric_core.registry import KINDS
+    from fabric_core.plugins.kinds import KINDS
 
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -289,7 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fabric`` console script and of ``python -m fabric_core``."""
-    from fabric_core.registry import FabricPluginWarning
+    from fabric_core.plugins.registry import FabricPluginWarning
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["run"]:  # `run` parses its own line: Fabric's options may come after SCRIPT

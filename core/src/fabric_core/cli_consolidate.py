@@ -66,7 +66,7 @@ def consolidate_main(args: argparse.Namespace) -> int:
             " `--output_file`."
         )
 
-    from fabric_core.registry import get_registry
+    from fabric_core.plugins.host import get_registry
 
     registry = get_registry()
     loader = registry.decisions.select_checkpoint_reader(folder)

@@ -164,7 +164,7 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 # ------------------------------------------------------------------------------------------------- decisions
 def _registry() -> Any:
-    from fabric_core.registry import get_registry
+    from fabric_core.plugins.host import get_registry
 
     return get_registry()
 

@@ -1,6 +1,6 @@
 """Turns ``Fabric(...)`` arguments into accelerator, strategy, precision, environment and launcher objects.
 
-Every decision that depends on what is installed goes through a hook (see :mod:`fabric_core.hookspecs`), so
+Every decision that depends on what is installed goes through a hook (see :mod:`fabric_core.plugins.hookspecs`), so
 this module has no knowledge of any particular strategy family. Importing it does not import torch (the CLI
 reads its constants); the base classes are imported when something is resolved.
 """
@@ -12,12 +12,13 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fabric_core.registry import Registry, get_registry
+from fabric_core.plugins.host import find_checkpoint_reader, get_registry
 
 if TYPE_CHECKING:
     from fabric_core.accelerators.base import Accelerator
     from fabric_core.environments.base import ClusterEnvironment
     from fabric_core.io.checkpoint_io import CheckpointIO
+    from fabric_core.plugins.registry import Registry
     from fabric_core.precision.base import Precision
     from fabric_core.strategies.base import Strategy
 
@@ -368,7 +369,7 @@ def resolve(
         num_nodes=num_nodes,
         cluster_environment=environment,
         checkpoint_io=user.checkpoint_io,
-        find_checkpoint_reader=registry.decisions.select_checkpoint_reader,
+        find_checkpoint_reader=find_checkpoint_reader,
     )
     precision_obj = _resolve_precision(registry, precision, user, strategy_obj, accelerator_obj)
     precision_obj.configure(accelerator_obj.device_type)

@@ -12,7 +12,7 @@ from torch import nn
 
 from fabric_amp import MixedPrecision
 from fabric_core import Fabric
-from fabric_core.registry import get_registry
+from fabric_core.plugins import get_registry
 
 FP16_ON_CPU = (
     "You passed `Fabric(accelerator='cpu', precision='16-mixed')` but AMP with fp16 is not supported on CPU."

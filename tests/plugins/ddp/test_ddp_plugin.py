@@ -21,7 +21,7 @@ from fabric_core.accelerators.mps import MPSAccelerator
 from fabric_core.environments.plain import PlainEnvironment
 from fabric_core.launchers.multiprocessing import MultiProcessingLauncher
 from fabric_core.launchers.subprocess_script import SubprocessScriptLauncher, script_command
-from fabric_core.registry import get_registry
+from fabric_core.plugins import get_registry
 from fabric_ddp import register
 from fabric_ddp.register import DP_ON_CPU_WARNING
 from fabric_ddp.strategy import DataParallelStrategy, DDPStrategy

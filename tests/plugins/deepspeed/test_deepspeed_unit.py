@@ -39,7 +39,7 @@ def test_registration_is_cheap_and_fabric_imports_no_deepspeed() -> None:
         "import sys, fabric_core\n"
         "from fabric_core import Fabric\n"
         "Fabric(accelerator='cpu')\n"
-        "from fabric_core.registry import get_registry\n"
+        "from fabric_core.plugins import get_registry\n"
         "r = get_registry()\n"
         "names = [n for n in r.names('strategy') if n.startswith('deepspeed')]\n"
         "print(names, r.get('strategy', 'deepspeed').distribution)\n"
@@ -193,7 +193,7 @@ def test_strategy_options_and_plugins_are_validated() -> None:
 
 def test_precision_hook_answers_for_deepspeed_strategies_only() -> None:
     from fabric_core.accelerators.cpu import CPUAccelerator
-    from fabric_core.registry import get_registry
+    from fabric_core.plugins import get_registry
     from fabric_core.strategies.single_device import SingleDeviceStrategy
     from fabric_deepspeed import DeepSpeedPrecision
 
@@ -229,7 +229,7 @@ def test_precision_casts_inputs_for_the_engine_and_outputs_back() -> None:
 
 # ----------------------------------------------------------------------------------------------------- formats
 def test_checkpoint_directories_are_recognised_from_file_names(tmp_path: Path) -> None:
-    from fabric_core.registry import get_registry
+    from fabric_core.plugins import get_registry
     from fabric_deepspeed.formats import is_deepspeed_checkpoint, tag_folder_parent
 
     ckpt = tmp_path / "ckpt"

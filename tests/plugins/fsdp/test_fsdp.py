@@ -291,7 +291,7 @@ def test_seed_skeleton_on_two_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 def test_registration_is_cheap_and_complete() -> None:
     code = (
         "import sys, fabric_fsdp.register\n"
-        "from fabric_core.registry import get_registry\n"
+        "from fabric_core.plugins import get_registry\n"
         "r = get_registry()\n"
         "names = [n for n in r.names('strategy') if n.startswith('fsdp')]\n"
         "heavy = [m for m in ('torch.distributed.fsdp', 'torch.distributed.checkpoint', 'fabric_fsdp.strategy') if m in sys.modules]\n"
@@ -304,7 +304,7 @@ def test_registration_is_cheap_and_complete() -> None:
 
 def test_precision_hook_answers_for_fsdp_only() -> None:
     from fabric_core.accelerators.cpu import CPUAccelerator
-    from fabric_core.registry import get_registry
+    from fabric_core.plugins import get_registry
     from fabric_core.strategies.single_device import SingleDeviceStrategy
     from fabric_fsdp import FSDPPrecision, FSDPStrategy
 

@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("fabric_fsdp")
 
 from fabric_core import Fabric  # noqa: E402
-from fabric_core.registry import reset_registry  # noqa: E402
+from fabric_core.plugins import reset_registry  # noqa: E402
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import torch
 from jobs import fabric_command, job_env
 
 from fabric_core import Fabric
-from fabric_core.registry import build_registry
+from fabric_core.plugins import build_registry
 from fabric_core.strategies.single_device import SingleDeviceStrategy
 from fabric_xla import detect, register
 from fabric_xla.accelerator import XLAAccelerator, parse_xla_devices
@@ -67,7 +67,7 @@ def test_names_and_kinds():
 LAZY_CHECK = """
     import sys
     from fabric_core import Fabric
-    from fabric_core.registry import get_registry
+    from fabric_core.plugins import get_registry
     Fabric(accelerator="cpu")
     Fabric(accelerator="auto")
     Fabric(accelerator="cpu", strategy="single_device", precision="bf16-true")

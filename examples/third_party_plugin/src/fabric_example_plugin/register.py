@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fabric_core.hookspecs import hookimpl
+from fabric_core.plugins import hookimpl
 
 if TYPE_CHECKING:
-    from fabric_core.registry import Registrar
+    from fabric_core.plugins import Registrar
 
 
 @hookimpl

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fabric_core.hookspecs import hookimpl
+from fabric_core.plugins import hookimpl
 
 if TYPE_CHECKING:
-    from fabric_core.registry import Registrar, Registry
+    from fabric_core.plugins import Registrar, Registry
 
 _STRATEGY = "fabric_ddp.strategy:DDPStrategy"
 _DP_STRATEGY = "fabric_ddp.strategy:DataParallelStrategy"

@@ -11,11 +11,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fabric_core.hookspecs import hookimpl
+from fabric_core.plugins import hookimpl
 
 if TYPE_CHECKING:
     from fabric_core.accelerators.base import Accelerator
-    from fabric_core.registry import Registrar, Registry
+    from fabric_core.plugins import Registrar, Registry
     from fabric_core.strategies.base import Strategy
 
 _STRATEGY = "fabric_deepspeed.strategy:DeepSpeedStrategy"

@@ -1,6 +1,6 @@
 """Registers two strategies; the module behind one of them cannot be imported."""
 
-from fabric_core.hookspecs import hookimpl
+from fabric_core.plugins import hookimpl
 
 
 @hookimpl

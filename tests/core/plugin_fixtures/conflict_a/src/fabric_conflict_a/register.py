@@ -1,6 +1,6 @@
 """Claims the strategy names 'twin' (first registration wins) and 'replaced' (b overrides)."""
 
-from fabric_core.hookspecs import hookimpl
+from fabric_core.plugins import hookimpl
 
 
 @hookimpl

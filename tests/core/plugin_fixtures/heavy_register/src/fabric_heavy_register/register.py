@@ -2,7 +2,7 @@
 
 import torch.distributed  # noqa: F401  (deliberately heavy)
 
-from fabric_core.hookspecs import hookimpl
+from fabric_core.plugins import hookimpl
 
 
 @hookimpl

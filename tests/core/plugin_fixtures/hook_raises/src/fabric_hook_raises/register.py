@@ -1,6 +1,6 @@
 """A plugin whose strategy registration hook raises; its accelerator hook works."""
 
-from fabric_core.hookspecs import hookimpl
+from fabric_core.plugins import hookimpl
 
 
 @hookimpl

@@ -1,6 +1,6 @@
 """A misspelled hook (`fabric_register_strategy`): the plugin must be rejected at discovery, named."""
 
-from fabric_core.hookspecs import hookimpl
+from fabric_core.plugins import hookimpl
 
 
 @hookimpl

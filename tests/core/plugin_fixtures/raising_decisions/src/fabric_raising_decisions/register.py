@@ -1,6 +1,6 @@
 """Every decision hook raises (asked first, tryfirst): each must be skipped and reported, not break Fabric()."""
 
-from fabric_core.hookspecs import hookimpl
+from fabric_core.plugins import hookimpl
 
 
 def _boom(hook):

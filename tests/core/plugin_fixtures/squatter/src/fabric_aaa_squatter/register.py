@@ -1,6 +1,6 @@
 """A third party whose name sorts before fabric-ddp registers 'ddp' without override=True: it must not get it."""
 
-from fabric_core.hookspecs import hookimpl
+from fabric_core.plugins import hookimpl
 
 
 @hookimpl

@@ -7,7 +7,7 @@ each implementation is called on its own, in the project's written order, so tha
   ones (the core's defaults); within each group, earlier in the load order first (the core, first-party
   distributions, then others alphabetically). The first answer that is not ``None`` wins.
 * **Isolation**: an implementation that raises is reported like a plugin that fails to import (distribution,
-  version, error; a :class:`~fabric_core.registry.FabricPluginWarning` and an entry in ``fabric plugins``) and
+  version, error; a :class:`~fabric_core.plugins.registry.FabricPluginWarning` and an entry in ``fabric plugins``) and
   skipped, so the other plugins and the core's defaults still answer. The exception propagates only when the
   decision is the plugin's own business: the core's defaults (nobody else would answer), or a decision about
   a strategy or an accelerator whose class the plugin itself provides (e.g. a sharding plugin refusing a
@@ -22,15 +22,16 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fabric_core.registry import CORE_DISTRIBUTION, PluginFailure
+from fabric_core.plugins.hookspecs import HOOK_NAMES
+from fabric_core.plugins.registry import CORE_DISTRIBUTION, PluginFailure
 
 if TYPE_CHECKING:
     from fabric_core.accelerators.base import Accelerator
     from fabric_core.environments.base import ClusterEnvironment
     from fabric_core.io.state import CheckpointReader
     from fabric_core.launchers.base import Launcher
+    from fabric_core.plugins.registry import Registry
     from fabric_core.precision.base import Precision
-    from fabric_core.registry import Registry
     from fabric_core.strategies.base import Strategy
 
 TRACE_VARIABLE = "FABRIC_TRACE_HOOKS"
@@ -51,11 +52,6 @@ class Decisions:
         self._registry = registry
         self._order: dict[str, list[Any]] = {}
         self._trace = tracing_enabled()
-
-    def __reduce__(self) -> tuple[Any, tuple]:
-        # A strategy sent to spawned processes carries bound methods of this object (its checkpoint-reader
-        # lookup); the plugin manager cannot be pickled, so a child uses its own process-wide registry.
-        return _process_decisions, ()
 
     # ------------------------------------------------------------------------------------------ the hooks
     def auto_accelerator(self) -> str | None:
@@ -119,12 +115,10 @@ class Decisions:
 
     def hook_names(self) -> list[str]:
         """Every decision hook (``firstresult``) of the hook specifications."""
-        from fabric_core import hookspecs
-
         pm = self._registry.plugin_manager
         return [
             name
-            for name in hookspecs.HOOK_NAMES
+            for name in HOOK_NAMES
             if getattr(pm.hook, name).spec is not None and getattr(pm.hook, name).spec.opts.get("firstresult")
         ]
 
@@ -179,12 +173,6 @@ class Decisions:
         )
         if self._trace:
             trace(f"{hook_name}: {self._who(impl)} raised {type(err).__name__}: {err} (skipped)")
-
-
-def _process_decisions() -> Decisions:
-    from fabric_core.registry import get_registry
-
-    return get_registry().decisions
 
 
 def _describe(kwargs: dict[str, Any]) -> str:

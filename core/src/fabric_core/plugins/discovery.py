@@ -1,6 +1,6 @@
 """Finding and loading plugins: entry points, the switches, validation, and the load order.
 
-:func:`build_registry` creates the pluggy manager, registers the core's own plugin (:mod:`fabric_core.builtin`)
+:func:`build_registry` creates the pluggy manager, registers the core's own plugin (:mod:`fabric_core.plugins.builtin`)
 and runs its registration hooks first, then loads the ``fabric.plugins`` entry points of the installed
 distributions in the documented load order (first-party distributions, then the others, each alphabetically),
 and finally runs their registration hooks in that order.
@@ -34,9 +34,10 @@ from typing import Any
 
 import pluggy
 
-from fabric_core import hookspecs
-from fabric_core.decisions import trace, tracing_enabled
-from fabric_core.registry import (
+from fabric_core.plugins import builtin, hookspecs
+from fabric_core.plugins.decisions import Decisions, trace, tracing_enabled
+from fabric_core.plugins.kinds import KINDS
+from fabric_core.plugins.registry import (
     CORE_DISTRIBUTION,
     ENTRY_POINT_GROUP,
     FabricPluginWarning,
@@ -44,20 +45,12 @@ from fabric_core.registry import (
     PluginInfo,
     Registrar,
     Registry,
-    _normalise,
+    normalise_distribution,
 )
 
 AUTOLOAD_VARIABLE = "FABRIC_DISABLE_PLUGIN_AUTOLOAD"
 ALLOW_VARIABLE = "FABRIC_PLUGINS"
 BLOCK_VARIABLE = "FABRIC_DISABLE_PLUGINS"
-
-REGISTRATION_HOOKS = {
-    "accelerator": "fabric_register_accelerators",
-    "strategy": "fabric_register_strategies",
-    "precision": "fabric_register_precisions",
-    "launcher": "fabric_register_launchers",
-    "environment": "fabric_register_environments",
-}
 
 #: Packages a registration module must not import (it runs for every ``Fabric()``): ``fabric plugins --check``
 #: flags a plugin whose registration module pulled one of them in.
@@ -82,7 +75,7 @@ def _iter_entry_points(first_party: set[str]) -> Iterator[Any]:
     from importlib.metadata import entry_points
 
     def order(ep: Any) -> tuple[bool, str, str]:
-        dist = _normalise(_dist_of(ep)[0])
+        dist = normalise_distribution(_dist_of(ep)[0])
         return dist not in first_party, dist, ep.name
 
     seen: set[tuple[str, str]] = set()
@@ -95,8 +88,8 @@ def _iter_entry_points(first_party: set[str]) -> Iterator[Any]:
 
 
 def _matches(ep: Any, names: Iterable[str]) -> bool:
-    wanted = {_normalise(n) for n in names}
-    return _normalise(ep.name) in wanted or _normalise(_dist_of(ep)[0]) in wanted
+    wanted = {normalise_distribution(n) for n in names}
+    return normalise_distribution(ep.name) in wanted or normalise_distribution(_dist_of(ep)[0]) in wanted
 
 
 def _heavy(new_modules: set[str]) -> tuple[str, ...]:
@@ -126,15 +119,14 @@ def validate(pm: pluggy.PluginManager, plugin: Any) -> None:
 
 
 def build_registry(extra_plugins: tuple[Any, ...] = ()) -> Registry:
-    """Create a fresh plugin manager and registry (the cached one is :func:`fabric_core.registry.get_registry`)."""
-    from fabric_core import builtin
-
+    """Create a fresh plugin manager and registry (the process-wide one is :func:`fabric_core.plugins.host.get_registry`)."""
     pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
     pm.add_hookspecs(hookspecs)
     registry = Registry(pm)
+    registry.decisions = Decisions(registry)
     tracing = tracing_enabled()
 
-    core = PluginInfo("fabric_core.builtin", CORE_DISTRIBUTION, _core_version(), 0, first_party=True, package="fabric_core")
+    core = PluginInfo("fabric_core.plugins.builtin", CORE_DISTRIBUTION, _core_version(), 0, first_party=True, package="fabric_core")
     pm.register(builtin, name=core.name)
     registry.plugins[core.name] = core
     _run_registration_hooks(registry, [(builtin, core)], tracing)
@@ -163,7 +155,7 @@ def build_registry(extra_plugins: tuple[Any, ...] = ()) -> Registry:
             dist,
             version,
             len(registry.plugins),
-            first_party=_normalise(dist) in first_party,
+            first_party=normalise_distribution(dist) in first_party,
             package=_package_of(plugin),
             heavy_imports=heavy,
         )
@@ -227,7 +219,7 @@ def _register(registry: Registry, plugin: Any, info: PluginInfo) -> bool:
 def _run_registration_hooks(registry: Registry, plugins: list[tuple[Any, PluginInfo]], tracing: bool) -> None:
     """Call each plugin's registration hooks separately, in the load order, so a failure is isolated and named."""
     pm = registry.plugin_manager
-    for kind, hook_name in REGISTRATION_HOOKS.items():
+    for kind, hook_name in KINDS.items():
         impls = {impl.plugin_name: impl for impl in getattr(pm.hook, hook_name).get_hookimpls()}
         for _, info in plugins:
             impl = impls.get(info.name)

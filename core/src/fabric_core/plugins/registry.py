@@ -1,8 +1,9 @@
 """Names: what every accelerator, strategy, precision, launcher and cluster environment is called, and who provides it.
 
 One :class:`Registry` holds every name. It is filled by the registration hooks of every plugin, in the load order
-of :mod:`fabric_core.discovery` (which finds and loads the plugins); the decision hooks are called through
-:attr:`Registry.decisions` (:mod:`fabric_core.decisions`).
+of :mod:`fabric_core.plugins.discovery` (which finds and loads the plugins, and gives the registry the
+:class:`~fabric_core.plugins.decisions.Decisions` that ask its decision hooks). This module is the plugin host's
+data: of the host it imports only :mod:`~fabric_core.plugins.kinds`.
 
 Rules (also in ``docs/plugins.md``):
 
@@ -24,7 +25,6 @@ import difflib
 import fnmatch
 import importlib
 import re
-import threading
 import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -32,10 +32,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pluggy
 
-    from fabric_core.decisions import Decisions
+    from fabric_core.plugins.decisions import Decisions
+
+from fabric_core.plugins.kinds import KINDS
 
 ENTRY_POINT_GROUP = "fabric.plugins"
-KINDS = ("accelerator", "strategy", "precision", "launcher", "environment")
 CORE_DISTRIBUTION = "fabric-core"
 
 
@@ -226,7 +227,9 @@ class Registry:
         self._entries: dict[str, dict[str, Entry]] = {kind: {} for kind in KINDS}
         self._aliases: dict[str, dict[str, str]] = {kind: {} for kind in KINDS}
         self._hints: list[NameHint] = []
-        self._decisions: Decisions | None = None
+        #: The decision hooks, called with this registry's precedence, failure isolation and tracing (given by
+        #: :func:`~fabric_core.plugins.discovery.build_registry`, which builds every registry).
+        self.decisions: Decisions
 
     # ----------------------------------------------------------------------------------------------- writing
     def _add(self, entry: Entry, override: bool) -> bool:
@@ -236,7 +239,7 @@ class Registry:
             reserved = self._reserved_for(entry.kind, name)
             if (
                 reserved is not None
-                and _normalise(reserved) != _normalise(entry.distribution)
+                and normalise_distribution(reserved) != normalise_distribution(entry.distribution)
                 and self.lookup(entry.kind, name) is None
             ):
                 if not override:
@@ -337,7 +340,7 @@ class Registry:
     @property
     def first_party_distributions(self) -> set[str]:
         """The distributions the core itself names as providers: this project's own plugins."""
-        return {_normalise(h.distribution) for h in self._hints if h.declared_by == CORE_DISTRIBUTION}
+        return {normalise_distribution(h.distribution) for h in self._hints if h.declared_by == CORE_DISTRIBUTION}
 
     def _reserved_for(self, kind: str, name: str) -> str | None:
         """The first-party distribution an exact hint of the core reserves ``name`` for (patterns only hint)."""
@@ -356,24 +359,24 @@ class Registry:
 
     def hinted_distributions(self, kind: str) -> dict[str, list[str]]:
         """Distributions hinted for ``kind`` that provide none of its registered names -> the names they would add."""
-        installed = {_normalise(e.distribution) for e in self._entries[kind].values()}
+        installed = {normalise_distribution(e.distribution) for e in self._entries[kind].values()}
         out: dict[str, list[str]] = {}
         for hint in self._hints:
-            if hint.kind == kind and _normalise(hint.distribution) not in installed:
+            if hint.kind == kind and normalise_distribution(hint.distribution) not in installed:
                 out.setdefault(hint.distribution, []).append(hint.pattern)
         return out
 
     def install_hint(self, dist: str) -> str:
         """Why ``dist``'s names are missing and what to do: failed to load, switched off, or absent."""
-        failures = [f for f in self.failures if _normalise(f.distribution) == _normalise(dist)]
+        failures = [f for f in self.failures if normalise_distribution(f.distribution) == normalise_distribution(dist)]
         if failures:
             return f"It is provided by `{dist}`, which is installed but failed to load: {failures[0].describe()}"
-        if any(_normalise(s) == _normalise(dist) for s in self.blocked):
+        if any(normalise_distribution(s) == normalise_distribution(dist) for s in self.blocked):
             return (
                 f"It is provided by `{dist}`, which is installed but was not loaded because FABRIC_DISABLE_PLUGINS"
                 " names it: remove it from that variable."
             )
-        if any(_normalise(s) == _normalise(dist) for s in self.skipped):
+        if any(normalise_distribution(s) == normalise_distribution(dist) for s in self.skipped):
             return (
                 f"It is provided by `{dist}`, which is installed but was not loaded because"
                 f" FABRIC_DISABLE_PLUGIN_AUTOLOAD=1: add it with FABRIC_PLUGINS={dist}."
@@ -399,15 +402,6 @@ class Registry:
 
     # ----------------------------------------------------------------------------------------------- hooks
     @property
-    def decisions(self) -> Decisions:
-        """The decision hooks, called with this registry's precedence, failure isolation and tracing."""
-        if self._decisions is None:
-            from fabric_core.decisions import Decisions
-
-            self._decisions = Decisions(self)
-        return self._decisions
-
-    @property
     def hook(self) -> Any:
         """pluggy's raw hook relay (no precedence rule, no isolation): prefer :attr:`decisions`."""
         return self.plugin_manager.hook
@@ -416,38 +410,6 @@ class Registry:
         return self.plugins.get(plugin_name) or PluginInfo(plugin_name, plugin_name, None, len(self.plugins))
 
 
-def _normalise(name: str) -> str:
+def normalise_distribution(name: str) -> str:
     """Distribution names compare case-insensitively with ``-``, ``_`` and ``.`` equivalent (PEP 503)."""
     return re.sub(r"[-_.]+", "-", name.strip()).lower()
-
-
-# -------------------------------------------------------------------------------------------------------------
-# The process-wide registry
-# -------------------------------------------------------------------------------------------------------------
-
-_lock = threading.RLock()
-_registry: Registry | None = None
-
-
-def build_registry(extra_plugins: tuple[Any, ...] = ()) -> Registry:
-    """Create a fresh registry from the installed plugins (see :mod:`fabric_core.discovery`)."""
-    from fabric_core.discovery import build_registry as build
-
-    return build(extra_plugins)
-
-
-def get_registry() -> Registry:
-    """The process-wide registry, built on first use."""
-    global _registry
-    if _registry is None:
-        with _lock:
-            if _registry is None:
-                _registry = build_registry()
-    return _registry
-
-
-def reset_registry() -> None:
-    """Forget the cached registry (tests, or after installing a plugin in a running process)."""
-    global _registry
-    with _lock:
-        _registry = None

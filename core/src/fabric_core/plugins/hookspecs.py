@@ -1,19 +1,19 @@
 """Every hook a Fabric plugin can implement, in one place.
 
 A plugin is a module (or object) with functions decorated by :data:`hookimpl` whose names match the
-specifications below. The core's own built-ins are plugins too (:mod:`fabric_core.builtin`) and go through
+specifications below. The core's own built-ins are plugins too (:mod:`fabric_core.plugins.builtin`) and go through
 exactly the same hooks; third parties register theirs through the ``fabric.plugins`` entry-point group. A
 function named ``fabric_*`` that matches no specification is an error, reported when the plugin is loaded.
 
 Two kinds of hooks exist:
 
-* **Registration hooks** (``fabric_register_*``) are called once per plugin, in the load order, when the
-  registry is built. They receive a :class:`~fabric_core.registry.Registrar` bound to one kind (accelerator,
+* **Registration hooks** (``fabric_register_*``, one per kind of :data:`fabric_core.plugins.kinds.KINDS`) are
+  called once per plugin, in the load order, when the registry is built. They receive a :class:`~fabric_core.plugins.registry.Registrar` bound to one kind (accelerator,
   strategy, ...) and add *names*. A name points at a class either directly or as an import string
   ``"package.module:Class"``, so listing names never imports the heavy module behind them.
 * **Decision hooks** (``firstresult``) replace what would otherwise be a hard-coded ``isinstance`` chain
   in the core: the first implementation that returns something other than ``None`` wins. They are asked in a
-  fixed order (:mod:`fabric_core.decisions`): ``tryfirst=True`` implementations, then plain ones, then
+  fixed order (:mod:`fabric_core.plugins.decisions`): ``tryfirst=True`` implementations, then plain ones, then
   ``trylast=True`` ones (the core's defaults); within each group earlier in the load order first (the core,
   first-party distributions, then the others alphabetically). An implementation that raises is reported and
   skipped unless the decision concerns an object its own plugin provides.
@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from fabric_core.environments.base import ClusterEnvironment
     from fabric_core.io.formats import CheckpointReader
     from fabric_core.launchers.base import Launcher
+    from fabric_core.plugins.registry import Registrar, Registry
     from fabric_core.precision.base import Precision
-    from fabric_core.registry import Registrar, Registry
     from fabric_core.strategies.base import Strategy
 
 PROJECT_NAME = "fabric"

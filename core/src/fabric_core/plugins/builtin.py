@@ -5,7 +5,7 @@ It is registered first and through the same hooks as external plugins. Targets a
 building the registry imports nothing beyond this module. Default decision hooks are ``trylast`` so any
 installed plugin can answer before them.
 
-The first-party distributions are named here, and only here, with :meth:`~fabric_core.registry.Registrar.provided_by`:
+The first-party distributions are named here, and only here, with :meth:`~fabric_core.plugins.registry.Registrar.provided_by`:
 asking for one of their names while the distribution is missing says what to install, and nobody else can take
 those names without ``override=True``.
 """
@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fabric_core.hookspecs import hookimpl
+from fabric_core.plugins.hookspecs import hookimpl
 
 if TYPE_CHECKING:
     from fabric_core.accelerators.base import Accelerator
-    from fabric_core.registry import Registrar, Registry
+    from fabric_core.plugins.registry import Registrar, Registry
     from fabric_core.strategies.base import Strategy
 
 _CORE = "fabric_core."
@@ -50,7 +50,12 @@ FIRST_PARTY: dict[str, dict[str, tuple[str, ...]]] = {
             "deepspeed_*",
         )
     },
-    "fabric-xla": {"strategy": ("xla", "xla_fsdp", "single_xla", "xla_*"), "accelerator": ("tpu", "xla")},
+    "fabric-xla": {
+        "strategy": ("xla", "xla_fsdp", "single_xla", "xla_*"),
+        "accelerator": ("tpu", "xla"),
+        "launcher": ("xla",),
+        "environment": ("xla",),
+    },
     "fabric-amp": {"precision": ("16-mixed", "bf16-mixed", "16", "bf16")},
 }
 

@@ -1,0 +1,277 @@
+"""The decision hooks (``fabric_core.plugins.decisions``): each hook's answer reaches ``Fabric(...)``, the precedence
+rule, failure isolation (and when a failure reaches the user), and tracing."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from plugin_doubles import (
+    AlwaysHereEnvironment,
+    CountingCPUAccelerator,
+    MarkerPrecision,
+    RecordingLauncher,
+    RecordingStrategy,
+)
+
+from fabric_core import Fabric
+from fabric_core.accelerators.cpu import CPUAccelerator
+from fabric_core.plugins import FabricPluginWarning, Registry, hookimpl
+from fabric_core.precision.full import FullPrecision
+from fabric_core.strategies.single_device import SingleDeviceStrategy
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_hook_fabric_auto_accelerator(use_registry):
+    class Plugin:
+        @hookimpl
+        def fabric_register_accelerators(self, registrar):
+            registrar.add("counting_cpu", CountingCPUAccelerator)
+
+        @hookimpl(tryfirst=True)
+        def fabric_auto_accelerator(self, registry):
+            assert isinstance(registry, Registry)
+            return "counting_cpu"
+
+    use_registry(Plugin())
+    assert type(Fabric().accelerator) is CountingCPUAccelerator
+    assert type(Fabric(accelerator="cpu").accelerator) is CPUAccelerator  # only "auto" asks the hook
+
+
+def test_hook_fabric_auto_strategy(use_registry):
+    calls = []
+
+    class Plugin:
+        @hookimpl
+        def fabric_register_strategies(self, registrar):
+            registrar.add("recording", RecordingStrategy)
+
+        @hookimpl(tryfirst=True)
+        def fabric_auto_strategy(self, registry, accelerator, num_devices, num_nodes, interactive):
+            calls.append((type(accelerator), num_devices, num_nodes, interactive))
+            return "recording" if num_devices == 2 else None
+
+    use_registry(Plugin())
+    fabric = Fabric(accelerator="cpu", devices=2)
+    assert type(fabric.strategy) is RecordingStrategy
+    assert calls == [(CPUAccelerator, 2, 1, False)]
+    # Not answered by the plugin: the core's default answers for one device.
+    assert type(Fabric(accelerator="cpu", devices=1).strategy) is SingleDeviceStrategy
+
+
+def test_hook_fabric_select_precision(use_registry):
+    seen = []
+
+    class Plugin:
+        @hookimpl
+        def fabric_register_strategies(self, registrar):
+            registrar.add("recording", RecordingStrategy)
+
+        @hookimpl(tryfirst=True)
+        def fabric_select_precision(self, registry, precision, strategy, accelerator):
+            seen.append(precision)
+            return MarkerPrecision() if isinstance(strategy, RecordingStrategy) else None
+
+    use_registry(Plugin())
+    fabric = Fabric(accelerator="cpu", strategy="recording", precision=32)
+    assert type(fabric.strategy.precision) is MarkerPrecision
+    assert seen == ["32-true"]  # the hook receives the canonical name, not the legacy spelling
+    # For a strategy that is not the plugin's, it returns None and the core's default builds the registered one.
+    assert (
+        type(Fabric(accelerator="cpu", strategy="single_device", precision="32").strategy.precision)
+        is FullPrecision
+    )
+
+
+def test_hook_fabric_detect_cluster_environment(use_registry):
+    answer = AlwaysHereEnvironment()
+
+    class Plugin:
+        @hookimpl
+        def fabric_register_strategies(self, registrar):
+            registrar.add("recording", RecordingStrategy)
+
+        @hookimpl(tryfirst=True)
+        def fabric_detect_cluster_environment(self, registry):
+            return answer
+
+    use_registry(Plugin())
+    assert Fabric(accelerator="cpu", strategy="recording").strategy.cluster_environment is answer
+
+
+def test_hook_fabric_select_launcher(use_registry):
+    class Plugin:
+        @hookimpl
+        def fabric_register_strategies(self, registrar):
+            registrar.add("recording", RecordingStrategy)
+
+        @hookimpl(tryfirst=True)
+        def fabric_select_launcher(self, registry, strategy):
+            return RecordingLauncher(strategy) if isinstance(strategy, RecordingStrategy) else None
+
+    use_registry(Plugin())
+    fabric = Fabric(accelerator="cpu", strategy="recording")
+    assert type(fabric.strategy.launcher) is RecordingLauncher
+    assert fabric.launch(lambda f: "ran") == "ran"
+    assert len(fabric.strategy.launcher.launched) == 1
+    assert (
+        Fabric(accelerator="cpu").strategy.launcher is None
+    )  # the core's default: no launcher for one device
+
+
+def test_hook_fabric_select_checkpoint_reader(use_registry, tmp_path):
+    """A plugin-owned directory format is read through the hook, by a strategy that does not know it."""
+    seen = []
+
+    def load_directory(path: Path, map_location: Any = "cpu", weights_only: bool | None = None) -> dict[str, Any]:
+        seen.append(weights_only)
+        meta = json.loads((path / "meta.json").read_text())
+        return {"model": torch.load(path / "weights.pt", map_location=map_location), **meta}
+
+    class Plugin:
+        @hookimpl(tryfirst=True)
+        def fabric_select_checkpoint_reader(self, path):
+            return load_directory if (path / "meta.json").is_file() else None
+
+    use_registry(Plugin())
+    source = torch.nn.Linear(3, 2)
+    folder = tmp_path / "sharded-like"
+    folder.mkdir()
+    torch.save(source.state_dict(), folder / "weights.pt")
+    (folder / "meta.json").write_text(json.dumps({"step": 12}))
+
+    fabric = Fabric(accelerator="cpu")
+    raw = fabric.strategy.read_checkpoint(folder)
+    assert raw["step"] == 12 and torch.equal(raw["model"]["weight"], source.weight)
+
+    target = torch.nn.Linear(3, 2)
+    remainder = fabric.load(folder, {"model": target}, weights_only=False)
+    assert remainder == {"step": 12} and seen == [None, False]  # weights_only reaches the reader
+    assert torch.equal(target.weight, source.weight) and torch.equal(target.bias, source.bias)
+
+    # Single files are still read by the core's checkpoint I/O.
+    fabric.save(tmp_path / "plain.ckpt", {"model": source, "step": 3})
+    assert fabric.load(tmp_path / "plain.ckpt", {"model": torch.nn.Linear(3, 2)}) == {"step": 3}
+
+
+def test_hook_fabric_adjust_strategy(use_registry):
+    calls = []
+
+    class Plugin:
+        @hookimpl
+        def fabric_register_strategies(self, registrar):
+            registrar.add("recording", RecordingStrategy)
+            registrar.add("family_default", RecordingStrategy)
+
+        @hookimpl
+        def fabric_adjust_strategy(self, registry, strategy, accelerator, num_devices, num_nodes):
+            calls.append((strategy, type(accelerator), num_devices, num_nodes))
+            return "recording" if strategy == "family_default" else None
+
+    use_registry(Plugin())
+    fabric = Fabric(accelerator="cpu", strategy="Family_Default", devices=1)
+    assert type(fabric.strategy) is RecordingStrategy
+    assert calls == [("family_default", CPUAccelerator, 1, 1)]
+    assert type(Fabric(accelerator="cpu", strategy="single_device").strategy) is SingleDeviceStrategy
+    # A strategy object is used as it is: nothing to adjust.
+    Fabric(accelerator="cpu", strategy=SingleDeviceStrategy())
+    assert len(calls) == 2
+
+
+def test_decision_precedence_is_the_load_order_within_tryfirst_plain_trylast(use_registry):
+    """One rule for names and decisions: earlier in the load order first (here: the order of the extras)."""
+
+    def plugin(answer: str, **marks: bool) -> Any:
+        class Plugin:
+            @hookimpl(**marks)
+            def fabric_auto_accelerator(self, registry):
+                return answer
+
+        return Plugin()
+
+    registry = use_registry(plugin("plain-early"), plugin("first-late", tryfirst=True), plugin("plain-late"))
+    assert registry.decisions.auto_accelerator() == "first-late"
+    registry = use_registry(plugin("plain-early"), plugin("plain-late"))
+    assert registry.decisions.auto_accelerator() == "plain-early"  # pluggy alone would say "plain-late"
+    registry = use_registry(plugin("last", trylast=True))
+    assert registry.decisions.auto_accelerator() == "cpu"  # trylast too, but the core is earlier in the load order
+
+
+class OwnStrategy(RecordingStrategy):
+    """A strategy class from the plugin's own package (this test module)."""
+
+
+def test_a_raising_decision_hook_is_skipped_unless_it_owns_the_decision(use_registry):
+    class Plugin:
+        @hookimpl
+        def fabric_register_strategies(self, registrar):
+            registrar.add("recording", OwnStrategy)
+
+        @hookimpl(tryfirst=True)
+        def fabric_select_launcher(self, registry, strategy):
+            raise RuntimeError("launcher hook broken")
+
+        @hookimpl(tryfirst=True)
+        def fabric_select_precision(self, registry, precision, strategy, accelerator):
+            if isinstance(strategy, OwnStrategy):
+                raise ValueError("recording runs only 64-true")  # its own strategy: the user must see this
+            raise RuntimeError("precision hook broken")
+
+    registry = use_registry(Plugin())
+    with pytest.warns(FabricPluginWarning, match="fabric_select_launcher.*RuntimeError: launcher hook broken"):
+        fabric = Fabric(accelerator="cpu", strategy="single_device")
+    assert type(fabric.strategy.precision) is FullPrecision  # the core's default answered
+    stages = {f.stage for f in registry.failures}
+    assert {"hook fabric_select_launcher", "hook fabric_select_precision"} <= stages
+    with pytest.raises(ValueError, match="recording runs only 64-true"):
+        Fabric(accelerator="cpu", strategy="recording")
+
+
+class OwnAccelerator(CPUAccelerator):
+    """An accelerator class from the plugin's own package (this test module)."""
+
+    name = "own"
+
+
+def test_a_raising_decision_hook_about_its_own_accelerator_reaches_the_user(use_registry):
+    """The rule covers accelerators too: an XLA-like plugin refuses strategies its devices cannot run."""
+
+    class Plugin:
+        @hookimpl
+        def fabric_register_accelerators(self, registrar):
+            registrar.add("own", OwnAccelerator)
+
+        @hookimpl(tryfirst=True)
+        def fabric_adjust_strategy(self, registry, strategy, accelerator, num_devices, num_nodes):
+            if isinstance(accelerator, OwnAccelerator):
+                raise ValueError("the own accelerator runs only its own strategies")
+            raise RuntimeError("adjust hook broken")
+
+    registry = use_registry(Plugin())
+    with pytest.raises(ValueError, match="runs only its own strategies"):
+        Fabric(accelerator="own", strategy="single_device")
+    with pytest.warns(FabricPluginWarning, match="adjust hook broken"):
+        fabric = Fabric(accelerator="cpu", strategy="single_device")  # about the core's accelerator: skipped
+    assert type(fabric.strategy) is SingleDeviceStrategy
+    assert "hook fabric_adjust_strategy" in {f.stage for f in registry.failures}
+
+
+def test_registration_calls_are_traced(use_registry, monkeypatch, capsys):
+    monkeypatch.setenv("FABRIC_TRACE_HOOKS", "1")
+
+    class Plugin:
+        @hookimpl
+        def fabric_register_strategies(self, registrar):
+            registrar.add("recording", RecordingStrategy)
+
+    use_registry(Plugin())
+    Fabric(accelerator="cpu", strategy="recording")
+    err = capsys.readouterr().err
+    assert "[fabric hooks] fabric_register_strategies: Plugin registered recording" in err
+    assert "[fabric hooks] fabric_register_strategies: fabric-core registered single_device" in err
+    assert re.search(r"fabric_select_launcher\(strategy=.*\) -> None \(no plugin answered\)", err)
