@@ -14,8 +14,8 @@ from fabric_core import Fabric
 from fabric_core.accelerators import CPUAccelerator, CUDAAccelerator, MPSAccelerator
 from fabric_core.environments import PlainEnvironment
 from fabric_core.io.checkpoint_io import TorchCheckpointIO
-from fabric_core.precision import DoublePrecision
 from fabric_core.plugins import reset_registry
+from fabric_core.precision import DoublePrecision
 from fabric_core.strategies import ParallelStrategy
 from fabric_core.strategies.single_device import SingleDeviceStrategy
 from fabric_core.utilities.rank_zero import set_rank

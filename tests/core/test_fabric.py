@@ -23,8 +23,8 @@ from fabric_core.accelerators import CPUAccelerator
 from fabric_core.io.checkpoint_io import TorchCheckpointIO
 from fabric_core.loggers import CSVLogger
 from fabric_core.loggers.base import Logger
-from fabric_core.precision import DoublePrecision, Precision
 from fabric_core.plugins import reset_registry
+from fabric_core.precision import DoublePrecision, Precision
 from fabric_core.strategies.single_device import SingleDeviceStrategy
 from fabric_core.utilities.init import SkipParameterInit
 from fabric_core.utilities.rank_zero import PossibleUserWarning, set_rank

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from fabric_core import Fabric
-from fabric_core.precision import DoublePrecision, HalfPrecision, Precision
 from fabric_core.plugins import reset_registry
+from fabric_core.precision import DoublePrecision, HalfPrecision, Precision
 from fabric_core.strategies.base import PRECISION_STATE_KEY
 from fabric_core.strategies.single_device import SingleDeviceStrategy
 from fabric_core.utilities.rank_zero import set_rank

@@ -19,8 +19,8 @@ from torch.optim.lr_scheduler import LambdaLR, OneCycleLR, StepLR
 from torch.utils.data import DataLoader, TensorDataset
 
 from fabric_core import Fabric
-from fabric_core.precision.base import Precision
 from fabric_core.plugins import reset_registry
+from fabric_core.precision.base import Precision
 from fabric_core.strategies.single_device import SingleDeviceStrategy
 from fabric_core.utilities.apply import batch_mover, move_data_to_device
 from fabric_core.utilities.rank_zero import set_rank
