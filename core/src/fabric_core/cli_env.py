@@ -106,17 +106,17 @@ def fabric_distributions() -> list[dict[str, Any]]:
     import re
     from importlib.metadata import distributions
 
-    from fabric_core.registry import CORE_DISTRIBUTION, ENTRY_POINT_GROUP, _normalise
+    from fabric_core.plugins.registry import CORE_DISTRIBUTION, ENTRY_POINT_GROUP, normalise_distribution
 
-    core = _normalise(CORE_DISTRIBUTION)
+    core = normalise_distribution(CORE_DISTRIBUTION)
     found: dict[str, dict[str, Any]] = {}
     for dist in distributions():
         name = dist.metadata["Name"] or ""
-        key = _normalise(name)
+        key = normalise_distribution(name)
         if not name or key in found:  # the same distribution visible twice on sys.path: the first one is imported
             continue
         entry_points = [f"{ep.name} = {ep.value}" for ep in dist.entry_points if ep.group == ENTRY_POINT_GROUP]
-        requires = [r for r in (dist.requires or []) if _normalise(re.split(r"[\s;<>=!~\[(]", r, maxsplit=1)[0]) == core]
+        requires = [r for r in (dist.requires or []) if normalise_distribution(re.split(r"[\s;<>=!~\[(]", r, maxsplit=1)[0]) == core]
         if key != core and not entry_points and not requires:
             continue
         found[key] = {
@@ -126,7 +126,7 @@ def fabric_distributions() -> list[dict[str, Any]]:
             "requires_core": requires[0] if requires else None,
             "editable": _editable_location(dist),
         }
-    return sorted(found.values(), key=lambda d: (_normalise(d["name"]) != core, _normalise(d["name"])))
+    return sorted(found.values(), key=lambda d: (normalise_distribution(d["name"]) != core, normalise_distribution(d["name"])))
 
 
 def related_packages() -> dict[str, str | None]:
@@ -206,7 +206,7 @@ def _nvidia_driver() -> str | None:
 def fabric_choices() -> dict[str, Any]:
     """What ``Fabric()`` would pick here: the auto accelerator and the detected cluster environment, plus plugin
     failures and name conflicts (registration modules are cheap to import; their implementations are not loaded)."""
-    from fabric_core.registry import get_registry
+    from fabric_core.plugins.host import get_registry
 
     registry = get_registry()
     decisions = registry.decisions
@@ -385,7 +385,7 @@ def format_report(report: dict[str, Any]) -> str:
 def env_main(args: argparse.Namespace) -> int:
     import warnings
 
-    from fabric_core.registry import FabricPluginWarning
+    from fabric_core.plugins.registry import FabricPluginWarning
 
     with warnings.catch_warnings():  # plugin failures are part of the report; don't print them twice
         warnings.simplefilter("ignore", FabricPluginWarning)
