@@ -312,9 +312,9 @@ def test_atomic_save_helper(tmp_path):
 
 def test_large_saves_start_writeback_while_serialising(tmp_path, monkeypatch):
     """Disk writeback is started every few MiB (sync_file_range), so the final fsync only waits for the tail."""
-    from fabric_core.io import checkpoint_io
+    from fabric_core.io import commit
 
-    real = checkpoint_io._load_sync_file_range()
+    real = commit._load_sync_file_range()
     if real is None:
         pytest.skip("sync_file_range is Linux-only; elsewhere the save relies on the final fsync alone")
     calls: list[tuple[int, int]] = []
@@ -323,10 +323,10 @@ def test_large_saves_start_writeback_while_serialising(tmp_path, monkeypatch):
         calls.append((offset, nbytes))
         return real(fd, offset, nbytes, flags)
 
-    monkeypatch.setattr(checkpoint_io, "_load_sync_file_range", lambda: recording)
+    monkeypatch.setattr(commit, "_load_sync_file_range", lambda: recording)
     state = {"w": torch.arange((40 << 20) // 4, dtype=torch.float32)}  # 40 MiB
     target = tmp_path / "big.pt"
-    checkpoint_io.atomic_save(state, target)
+    commit.atomic_save(state, target)
 
     assert len(calls) >= 4  # 40 MiB in 8 MiB chunks
     offsets = [offset for offset, _ in calls]
@@ -334,9 +334,10 @@ def test_large_saves_start_writeback_while_serialising(tmp_path, monkeypatch):
     assert all(offset + nbytes == nxt for (offset, nbytes), nxt in zip(calls, offsets[1:]))  # contiguous ranges
     assert torch.equal(torch.load(target)["w"], state["w"])
 
-    # Durable in the background (what `fabric.save` does): the caller only serialises; the fsync comes later.
+    # Durable in the background (what `fabric.save` does): the caller serialises and renames; the fsync comes later.
     calls.clear()
-    handle = checkpoint_io.atomic_save(state, tmp_path / "bg.pt", durable_in_background=True)
+    handle = commit.atomic_save(state, tmp_path / "bg.pt", durable_in_background=True)
+    assert (tmp_path / "bg.pt").is_file()  # in place at return, before the fsync
     handle.wait()
     assert calls == []
     assert torch.equal(torch.load(tmp_path / "bg.pt")["w"], state["w"]) and _leftovers(tmp_path) == []

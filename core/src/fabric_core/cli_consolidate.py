@@ -3,7 +3,7 @@
 The core knows no sharded format. It asks the ``fabric_select_checkpoint_reader`` hook which installed plugin can
 read the folder (each sharding plugin reads the folders its strategies write), loads it
 in this one process with that plugin's reader, and writes the result with the core's crash-safe
-:func:`~fabric_core.io.checkpoint_io.atomic_save`. So a new checkpoint format gets ``consolidate`` for free by
+:func:`~fabric_core.io.commit.atomic_save`. So a new checkpoint format gets ``consolidate`` for free by
 implementing the hook, and the CLI has no plugin knowledge.
 
 Errors (missing folder, not a folder, a format no plugin recognises, an existing output) print one line on
@@ -66,10 +66,12 @@ def consolidate_main(args: argparse.Namespace) -> int:
             " `--output_file`."
         )
 
+    from fabric_core.io.location import CheckpointLocation
     from fabric_core.plugins.host import get_registry
 
+    location = CheckpointLocation.of(folder)
     registry = get_registry()
-    loader = registry.decisions.select_checkpoint_reader(folder)
+    loader = registry.decisions.select_checkpoint_reader(location)
     if loader is None:
         readers = sorted(
             {
@@ -85,10 +87,10 @@ def consolidate_main(args: argparse.Namespace) -> int:
 
     import torch
 
-    from fabric_core.io.checkpoint_io import atomic_save
+    from fabric_core.io.commit import atomic_save
 
     try:
-        checkpoint = loader(folder, map_location=torch.device("cpu"))
+        checkpoint = loader(location, map_location=torch.device("cpu"))
     except Exception as err:
         return _fail(f"Could not read the checkpoint folder {str(folder)!r}: {type(err).__name__}: {err}")
     atomic_save(checkpoint, output)

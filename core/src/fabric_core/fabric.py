@@ -25,6 +25,7 @@ from fabric_core import connector, wrappers
 from fabric_core.accelerators.base import Accelerator
 from fabric_core.io import background
 from fabric_core.io.background import CheckpointHandle
+from fabric_core.io.location import CheckpointLocation
 from fabric_core.io.retention import prune, series_pattern
 from fabric_core.io.state import is_stateful
 from fabric_core.loggers.base import Logger
@@ -557,19 +558,21 @@ class Fabric:
     ) -> CheckpointHandle | None:
         """Save ``state`` (models, optimizers, anything with ``state_dict``, plain values) crash-safely.
 
-        ``path`` is a local path or a URL (``s3://``, ``gs://``, ``memory://``, ... through fsspec). The call returns
-        once the state is written; making it durable and replacing the previous checkpoint finish in the background
-        (a later save or load of the path, and interpreter exit, wait for that; an error there is raised by the next
-        save, load or ``handle.wait()``).
+        ``path`` is a local path or a URL (``s3://``, ``gs://``, ``memory://``, ... through fsspec). When the call
+        returns on every rank, the checkpoint is complete and readable at ``path`` and has replaced the previous one
+        atomically (a process killed at any instant leaves the previous or the new one, never a torn one). Only
+        durability against a power cut (the ``fsync`` of the file and its folder) may still run in the background.
 
         Args:
             async_save: return as soon as a snapshot of the state is taken (a CPU copy of its tensors, reused by the
-                next asynchronous save); writing runs in the background while training changes the live objects.
-
-        Returns a handle whose ``wait()`` blocks until the checkpoint is durable at ``path`` (the reference returns
-        ``None``); reading the file with other tools before that may still show the previous checkpoint.
+                next asynchronous save); writing and committing run in the background while training changes the
+                live objects. The checkpoint is at ``path`` when the handle's ``wait()`` returns.
             keep_last: keep only the newest ``keep_last`` checkpoints of the series ``path`` belongs to (the entries
                 beside it whose names differ only in their numbers, e.g. ``step-*.ckpt``), once this one is durable.
+
+        Returns a handle (the reference returns ``None``): ``wait()`` blocks until the save's background part is done
+        (durable on disk; for ``async_save``, also written and in place) and raises its error. A later save or load of
+        the path, and interpreter exit, wait for it too; an error there is raised by the next save, load or ``wait()``.
         """
         if not isinstance(state, Mapping):
             raise TypeError(
@@ -587,20 +590,22 @@ class Fabric:
                 if not callable(fn):
                     raise TypeError(f"Expected `fabric.save(filter=...)` for key {key!r} to be a callable, given {fn!r}")
         self._validate_launched()
+        location = CheckpointLocation.of(path)  # decided once: a local path or a URL
         if keep_last is not None:  # bad values fail before anything is written
             if not isinstance(keep_last, int) or isinstance(keep_last, bool) or keep_last < 1:
                 raise ValueError(f"`keep_last` must be a positive integer, got {keep_last!r}.")
-            series_pattern(Path(str(path).rstrip("/")).name)
+            series_pattern(location.name)
         background.raise_failures()  # an earlier save that failed in the background is reported now, not lost
         handle = None
+        unwrapped = unwrap_objects(state, dataloaders=False)
         if async_save:
-            handle = self._strategy.save_checkpoint_async(path=path, state=unwrap_objects(state, dataloaders=False), filter=filter)
+            handle = self._strategy.save_checkpoint_async(path=location, state=unwrapped, filter=filter)
         else:
-            self._strategy.save_checkpoint(path=path, state=unwrap_objects(state, dataloaders=False), filter=filter)
+            self._strategy.save_checkpoint(path=location, state=unwrapped, filter=filter)
         if keep_last is not None and self.is_global_zero:
-            background.submit(path, partial(prune, path, keep_last))  # after this save's commit: work runs in order
+            background.submit(location, partial(prune, location, keep_last))  # after this save: work runs in order
         self._strategy.barrier()
-        return handle if handle is not None else background.handle(path)
+        return handle if handle is not None else background.handle(location)
 
     def load(
         self, path: str | Path, state: dict[str, Any] | None = None, strict: bool = True, *, weights_only: bool | None = None
@@ -611,7 +616,8 @@ class Fabric:
         checkpoint that holds arbitrary Python objects.
         """
         self._validate_launched()
-        background.wait(path)  # a save of this path still finishing here lands first
+        location = CheckpointLocation.of(path)  # decided once: a local path or a URL
+        background.wait(location)  # a save of this path still finishing here lands first
         if self.world_size > 1:
             self._strategy.barrier()  # ... and on every rank: rank 0 may still have been committing it
         if state is not None and not isinstance(state, Mapping):
@@ -621,7 +627,7 @@ class Fabric:
                 " `fabric.load_raw(path, model)` for a file that holds a plain state dict."
             )
         unwrapped = unwrap_objects(state, dataloaders=False) if state is not None else None
-        remainder = self._strategy.load_checkpoint(path=path, state=unwrapped, strict=strict, weights_only=weights_only)
+        remainder = self._strategy.load_checkpoint(path=location, state=unwrapped, strict=strict, weights_only=weights_only)
         self._strategy.barrier()
         if state is not None and unwrapped is not None:
             for key, value in unwrapped.items():  # plain values were replaced in the unwrapped copy
@@ -631,11 +637,12 @@ class Fabric:
 
     def load_raw(self, path: str | Path, obj: Module | Optimizer, strict: bool = True, *, weights_only: bool | None = None) -> None:
         """Load a plain PyTorch checkpoint (a state dict) into a module or optimizer."""
-        background.wait(path)
+        location = CheckpointLocation.of(path)  # decided once: a local path or a URL
+        background.wait(location)
         obj = unwrap_objects(obj)
         if isinstance(obj, Module):
             obj = self._strategy.unwrap_module(obj)
-        self._strategy.load_checkpoint(path=path, state=obj, strict=strict, weights_only=weights_only)
+        self._strategy.load_checkpoint(path=location, state=obj, strict=strict, weights_only=weights_only)
 
     # ------------------------------------------------------------------------------------------------ callbacks / logging
     def call(self, hook_name: str, *args: Any, **kwargs: Any) -> None:

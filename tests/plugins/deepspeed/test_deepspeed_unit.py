@@ -229,8 +229,9 @@ def test_precision_casts_inputs_for_the_engine_and_outputs_back() -> None:
 
 # ----------------------------------------------------------------------------------------------------- formats
 def test_checkpoint_directories_are_recognised_from_file_names(tmp_path: Path) -> None:
+    from fabric_core.io.location import CheckpointLocation
     from fabric_core.plugins import get_registry
-    from fabric_deepspeed.formats import is_deepspeed_checkpoint, tag_folder_parent
+    from fabric_deepspeed.layout import is_deepspeed_checkpoint, tag_folder_parent
 
     ckpt = tmp_path / "ckpt"
     (ckpt / "checkpoint").mkdir(parents=True)
@@ -239,7 +240,7 @@ def test_checkpoint_directories_are_recognised_from_file_names(tmp_path: Path) -
     assert not is_deepspeed_checkpoint(ckpt)  # no model states yet
     (ckpt / "checkpoint" / "zero_pp_rank_0_mp_rank_00_model_states.pt").write_bytes(b"")
     assert is_deepspeed_checkpoint(ckpt)
-    assert tag_folder_parent(ckpt / "checkpoint") == ckpt
+    assert tag_folder_parent(ckpt / "checkpoint") == CheckpointLocation.of(ckpt)
     (tmp_path / "latest").write_text("../etc")
     assert not is_deepspeed_checkpoint(tmp_path)
     reader = get_registry().decisions.select_checkpoint_reader(ckpt)

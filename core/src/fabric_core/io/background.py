@@ -1,17 +1,20 @@
-"""The parts of a save the training loop does not wait for, run in one background thread per process.
+"""The parts of a save the training loop does not wait for, run by one background thread per process.
 
 Two uses:
 
-* **Durability** of a synchronous ``fabric.save``: the caller waits while the state is serialised into a hidden
-  temporary file (what ``torch.save`` costs); forcing it to disk (``fsync``), renaming it over the target and
-  syncing the folder happen here. Until that rename the target still names the previous, complete checkpoint.
+* **Durability** of a synchronous ``fabric.save``: when the call returns the checkpoint is already at its path
+  (renamed over the previous one); forcing it to disk (``fsync`` of the file and of its folder) happens here.
 * **Asynchronous saves** (``fabric.save(..., async_save=True)``): the caller waits only for a snapshot of the
-  state; serialisation, durability and the commit happen here.
+  state; serialisation, the commit to the path and durability happen here.
 
 Work runs in submission order. ``wait(path)`` waits for the saves of one target (a new save of that target, and
 ``fabric.load`` of it, call it first); :func:`wait_all` waits for everything and runs at interpreter exit, so a
 normal exit never drops a checkpoint. An error in the background is kept and raised by the next save, load or
 wait of this process (and printed at exit if nothing asked), never lost.
+
+The thread exists only while there is work: it is started by :func:`submit` and ends when the queue is empty, so
+once :meth:`CheckpointHandle.wait` or :func:`wait_all` has returned and nothing else was submitted, no thread of
+ours is left (a test harness that checks for stray threads sees none).
 """
 
 from __future__ import annotations
@@ -20,20 +23,33 @@ import atexit
 import os
 import sys
 import threading
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
+from concurrent.futures import Future
 from typing import Any
 
-__all__ = ["BackgroundSaveError", "CheckpointHandle", "submit", "wait", "wait_all"]
+from fabric_core.io.location import CheckpointLocation
+
+__all__ = ["BackgroundSaveError", "CheckpointHandle", "NotDurableError", "submit", "wait", "wait_all"]
+
+THREAD_NAME = "fabric-checkpoint"
 
 
 class BackgroundSaveError(RuntimeError):
-    """A save that finished in the background failed; the previous checkpoint at its path is intact."""
+    """A save that finished in the background failed (the message says what is at its path now)."""
+
+
+class NotDurableError(OSError):
+    """The checkpoint is in place, but forcing it to disk failed: it may not survive a power cut."""
 
 
 class CheckpointHandle:
-    """A save in progress: ``wait()`` blocks until the checkpoint is durable at its path (and raises its error)."""
+    """A save in progress. ``wait()`` blocks until the save's background part is done and raises its error.
+
+    For a synchronous ``fabric.save`` the checkpoint is at its path already; ``wait()`` adds durability (it is on
+    disk, a power cut keeps it). For ``async_save=True``, ``wait()`` returns once the checkpoint is at its path and
+    durable.
+    """
 
     def __init__(self, path: str, future: Future) -> None:
         self.path = path
@@ -43,26 +59,27 @@ class CheckpointHandle:
         return self._future.done()
 
     def wait(self, timeout: float | None = None) -> None:
-        """Block until the checkpoint is committed; raise :class:`BackgroundSaveError` if the save failed."""
+        """Block until the save is complete (see the class); raise :class:`BackgroundSaveError` if it failed."""
         _raise_from(self._future, self.path, timeout)
         _forget(self._future)
+        _join_if_idle()
 
     def __repr__(self) -> str:
         return f"CheckpointHandle(path={self.path!r}, done={self.done()})"
 
 
 _lock = threading.Lock()
-_executor: ThreadPoolExecutor | None = None
+_queue: deque[tuple[Future, Callable[[], Any]]] = deque()
+_thread: threading.Thread | None = None
+_running: Future | None = None  # the work the thread is doing now
 _pending: dict[str, list[Future]] = {}
 _failed: list[tuple[str, Future]] = []  # failed in the background and not yet reported to the caller
+_worker = threading.local()
 
 
 def _key(path: Any) -> str:
-    text = os.fspath(path) if not isinstance(path, str) else path
-    return text if "://" in text else str(Path(text).absolute())
-
-
-_worker = threading.local()
+    location = CheckpointLocation.of(path)
+    return str(location) if location.is_url else str(location.path.absolute())
 
 
 def in_worker() -> bool:
@@ -70,24 +87,39 @@ def in_worker() -> bool:
     return getattr(_worker, "active", False)
 
 
-def _run(work: Callable[[], Any]) -> Any:
+def _work_loop() -> None:
+    global _thread, _running
     _worker.active = True
-    try:
-        return work()
-    finally:
-        _worker.active = False
+    while True:
+        with _lock:
+            _running = None
+            if not _queue:
+                _thread = None  # decided under the lock: a later submit starts a new thread
+                return
+            future, work = _queue.popleft()
+            _running = future
+        if not future.set_running_or_notify_cancel():
+            continue
+        try:
+            result = work()
+        except BaseException as err:  # noqa: BLE001 - kept and raised to the caller by wait()
+            future.set_exception(err)
+        else:
+            future.set_result(result)
 
 
 def submit(path: Any, work: Callable[[], Any]) -> CheckpointHandle:
-    """Run ``work`` (the rest of the save of ``path``) in the background; return its handle."""
-    global _executor
+    """Run ``work`` (the rest of the save of ``path``) in the background, after what was submitted before."""
+    global _thread
     key = _key(path)
-    with _lock:
-        if _executor is None:
-            _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fabric-checkpoint")
-        future = _executor.submit(_run, work)
-        _pending.setdefault(key, []).append(future)
+    future: Future = Future()
     future.add_done_callback(lambda f: _finished(key, f))
+    with _lock:
+        _queue.append((future, work))
+        _pending.setdefault(key, []).append(future)
+        if _thread is None:
+            _thread = threading.Thread(target=_work_loop, name=THREAD_NAME, daemon=True)
+            _thread.start()
     return CheckpointHandle(key, future)
 
 
@@ -124,10 +156,23 @@ def _forget(future: Future) -> None:
         _failed[:] = [(k, f) for k, f in _failed if f is not future]
 
 
+def _join_if_idle() -> None:
+    """Wait for the thread to end when nothing is queued (it is on its way out), so none outlives a wait."""
+    if in_worker():
+        return
+    with _lock:
+        idle = not _queue and (_running is None or _running.done())
+        thread = _thread if idle else None
+    if thread is not None and thread is not threading.current_thread():
+        thread.join()
+
+
 def _raise_from(future: Future, key: str, timeout: float | None = None) -> None:
     error = future.exception(timeout=timeout)
     if error is not None:
         _forget(future)
+        if isinstance(error, NotDurableError):
+            raise BackgroundSaveError(f"Saving the checkpoint {key!r}: {error}") from error
         raise BackgroundSaveError(
             f"Saving the checkpoint {key!r} failed in the background: {type(error).__name__}: {error}. The"
             " previous checkpoint at that path, if any, is intact."
@@ -158,13 +203,15 @@ def wait(path: Any) -> None:
 
 
 def wait_all() -> None:
-    """Wait for every in-flight save of this process; then raise any unreported background failure."""
+    """Wait for every in-flight save of this process (and for the thread to end); then raise any unreported
+    background failure."""
     if in_worker():
         return
     with _lock:
         futures = [f for fs in _pending.values() for f in fs]
     for future in futures:
         future.exception()
+    _join_if_idle()
     raise_failures()
 
 
@@ -180,6 +227,19 @@ def _at_exit() -> None:
     except BackgroundSaveError as err:
         sys.stderr.write(f"[fabric] {err}\n")
 
+
+def _after_fork_in_child() -> None:
+    """A forked child has no background thread (only the forking thread survives a fork): start empty."""
+    global _thread, _lock, _running
+    _lock = threading.Lock()
+    _thread = _running = None
+    _queue.clear()
+    _pending.clear()
+    _failed.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 # Registered at import, so it runs after any atexit handler registered later (LIFO): the background work finishes
 # while the process group and the interpreter are still fully alive.

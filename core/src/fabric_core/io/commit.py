@@ -1,8 +1,16 @@
-"""Crash-safe commits: write a checkpoint beside its target, make it durable, then swap it in.
+"""Crash-safe commits: write a checkpoint beside its target, then swap it in, whole.
 
-Used by every format: :func:`~fabric_core.io.checkpoint_io.atomic_save` for single files and
-:func:`commit_directory` for directories written by several ranks (sharded FSDP, DeepSpeed). At every moment the
-target path holds either the previous or the new complete checkpoint.
+Every format commits through here, so the crash safety exists once:
+
+* :func:`atomic_save` writes one file (``torch.save`` into a hidden temporary file beside the target, then
+  ``os.replace`` over it);
+* :func:`commit_directory` / :func:`commit_directory_async` commit a directory written by several ranks (a local
+  hidden directory swapped in, or a new version folder on an object store marked committed, see
+  :mod:`fabric_core.io.remote`), after the two votes of :func:`~fabric_core.io.coordination.publish_together`.
+
+At every moment the target path holds either the previous or the new complete checkpoint, and when these functions
+return, the new one is at the target. Only durability against a power cut (``fsync``) may be left to the
+background (``atomic_save(..., durable_in_background=True)``).
 
 **Leftovers.** A save that is killed (SIGKILL, preemption) cannot clean up after itself. Every temporary entry is
 named ``.<target>.tmp-<host>-<pid>-<random>`` (``.old-`` for a previous directory set aside), and its writer holds
@@ -14,37 +22,45 @@ to another live process on this host. A live writer's entry is never touched, an
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shutil
 import socket
 import sys
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from fabric_core.io import remote
+from fabric_core.io import background, remote
+from fabric_core.io.background import CheckpointHandle, NotDurableError
+from fabric_core.io.coordination import Coordinator, publish_together
+from fabric_core.io.location import CheckpointLocation
 
 try:
     import fcntl
 except ImportError:  # Windows: no flock; leftovers are then judged by process id only
     fcntl = None  # type: ignore[assignment]
 
+__all__ = [
+    "Coordinator",
+    "atomic_save",
+    "check_replaceable",
+    "commit_directory",
+    "committed_folder",
+    "commit_directory_async",
+    "fsync_directory",
+    "fsync_tree",
+    "is_temporary",
+    "leftovers",
+    "remove_leftovers",
+]
+
 TEMP_MARK = ".tmp-"
 OLD_MARK = ".old-"
 _OWNER = re.compile(r"^(?P<host>.*)-(?P<pid>\d+)-(?P<rand>[^-]+)$")
-
-
-class Coordinator(Protocol):
-    """What a multi-rank commit needs from the strategy: which rank leads, and two collectives."""
-
-    @property
-    def is_global_zero(self) -> bool: ...
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any: ...
-
-    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool: ...
 
 
 def _host() -> str:
@@ -151,11 +167,10 @@ def remove_leftovers(target: Path) -> list[Path]:
 
 
 # ---------------------------------------------------------------------------------------------------------- moves
-def fsync_directory(directory: Path) -> None:
-    """Make a rename durable by syncing the directory entry; best effort (impossible on Windows)."""
-    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+def _fsync_fd(path: str | os.PathLike, directory: bool) -> None:
+    flags = os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0)
     try:
-        fd = os.open(directory, flags)
+        fd = os.open(path, flags)
     except OSError:
         return
     try:
@@ -164,6 +179,19 @@ def fsync_directory(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def fsync_directory(directory: str | os.PathLike) -> None:
+    """Make a rename durable by syncing the directory entry; best effort (impossible on Windows)."""
+    _fsync_fd(directory, directory=True)
+
+
+def fsync_tree(folder: str | os.PathLike) -> None:
+    """Make every file under ``folder`` durable, then every folder (for writers that do not ``fsync``)."""
+    for root, _, files in os.walk(folder):
+        for name in files:
+            _fsync_fd(os.path.join(root, name), directory=False)
+        fsync_directory(root)
 
 
 def remove_path(path: Path) -> None:
@@ -223,29 +251,246 @@ def check_replaceable(target: Path, is_checkpoint: Callable[[Path], bool], descr
         )
 
 
-# ---------------------------------------------------------------------------------------------------------- commits
-def commit_directory(target: str | os.PathLike, write: Callable[[Any], None], coordinator: Coordinator) -> None:
-    """Write a checkpoint directory on every rank, crash-safely, and swap it in when every rank succeeded.
 
-    1. Rank 0 removes what interrupted saves of ``target`` left, creates one hidden temporary directory beside
-       it (holding its writer lock) and tells every rank its name (so all ranks agree on the path even if they
-       were given different ones).
-    2. Every rank calls ``write(tmp)``; then all ranks vote. Only if every rank succeeded does rank 0 swap the
-       directory into place; then all vote again.
-    3. On every rank, whatever happened (an error here or on another rank, a failed collective because a rank
-       died, ``KeyboardInterrupt``), the temporary directory is removed in ``finally`` unless it was committed.
 
-    The error of this rank is raised; if only another rank failed, a ``RuntimeError`` says so. The previous
-    checkpoint at ``target`` is untouched by a failed save. A URL ``target`` is committed as described in
-    :func:`commit_remote_directory`.
+# ---------------------------------------------------------------------------------------------------------- one file
+def _default_file_mode() -> int:
+    """The permission bits a plain ``open(path, "w")`` would give, so atomic saves do not end up 0600."""
+    umask: int | None = None
+    try:
+        # Linux exposes the umask read-only; this avoids the process-wide set-and-restore below.
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    umask = int(line.split()[1], 8)
+                    break
+    except (OSError, ValueError):
+        umask = None
+    if umask is None:
+        umask = os.umask(0o022)
+        os.umask(umask)
+    return 0o666 & ~umask
+
+
+_SYNC_FILE_RANGE_WRITE = 2  # start writeback of dirty pages in the range, do not wait
+
+
+def _load_sync_file_range() -> Any:
+    """``sync_file_range(2)`` from libc on Linux (Python has no binding), else ``None``."""
+    if not hasattr(os, "sched_getaffinity"):  # cheap "is this Linux" check
+        return None
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+class _WritebackFile:
+    """Write-through file wrapper that keeps the ``OSError`` of a failed write and, for a save that waits for its
+    ``fsync``, starts disk writeback every few MiB while ``torch.save`` serialises (``sync_file_range``).
+
+    Without the early writeback the whole checkpoint sits in the page cache until the final ``fsync``, which then
+    waits for all of it; starting it early overlaps disk I/O with serialisation (docs/benchmarks.md). A save whose
+    ``fsync`` runs in the background does not start it: that would only cost the caller.
     """
-    if remote.is_url(target):
-        commit_remote_directory(str(target), write, coordinator)
-        return
-    staged = _stage_directory(Path(remote.local_path(target)), coordinator)
+
+    CHUNK = 8 << 20
+
+    def __init__(self, raw: Any, sync_file_range: Any) -> None:
+        self._raw = raw
+        self._fd = raw.fileno()
+        self._sync_file_range = sync_file_range
+        self._written = 0
+        self._started = 0
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        if self._sync_file_range is None:  # only keep the error (torch would report a generic failure)
+            try:
+                return self._raw.write(data)
+            except OSError as err:
+                self.error = err
+                raise
+        view = memoryview(data).cast("B")  # one tensor arrives as one write: slice it so writeback starts early
+        for start in range(0, len(view), self.CHUNK):
+            try:
+                self._written += self._raw.write(view[start : start + self.CHUNK])
+            except OSError as err:
+                self.error = err  # torch reports it as a generic "file write failed"; atomic_save names it
+                raise
+            if self._written - self._started >= self.CHUNK:
+                self._raw.flush()
+                self._sync_file_range(self._fd, self._started, self._written - self._started, _SYNC_FILE_RANGE_WRITE)
+                self._started = self._written
+        return len(view)
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+
+def _no_space(cause: BaseException | None) -> bool:
+    return isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _no_space_error(target: Path, cause: OSError) -> OSError:
+    return OSError(
+        cause.errno,
+        f"No space left to save the checkpoint {str(target)!r} ({os.strerror(cause.errno or errno.ENOSPC)}). Nothing"
+        " was changed: the previous checkpoint at that path, if any, is intact and the partial file was removed."
+        " Free some space or save elsewhere.",
+    )
+
+
+class _WrittenTemp:
+    """A checkpoint serialised into its locked temporary file: moved into place (and made durable) or discarded."""
+
+    def __init__(self, file: Any, name: str, target: Path) -> None:
+        self.file = file
+        self.name = name
+        self.target = target
+
+    def replace_target(self, sync_first: bool) -> None:
+        """Rename the file over the target (after an ``fsync`` with ``sync_first``); on failure remove it, the
+        target untouched. The previous checkpoint is dropped only by this rename."""
+        try:
+            if sync_first:
+                os.fsync(self.file.fileno())
+            os.chmod(self.name, _default_file_mode())
+            os.replace(self.name, self.target)
+        except BaseException as err:
+            self.discard()
+            if _no_space(err):
+                raise _no_space_error(self.target, err) from err  # type: ignore[arg-type]
+            raise
+
+    def make_durable(self, folder_fd: int | None, synced: bool) -> None:
+        """``fsync`` the file (unless already done) and the folder's entry; close both (releasing the lock).
+
+        Works on descriptors only, so it never touches the path again: the user may move or delete the checkpoint
+        (or its folder) while this runs."""
+        try:
+            if not synced:
+                os.fsync(self.file.fileno())
+            if folder_fd is not None:
+                with contextlib.suppress(OSError):  # not supported for folders everywhere: best effort
+                    os.fsync(folder_fd)
+        except OSError as err:
+            raise NotDurableError(
+                err.errno,
+                f"The checkpoint {str(self.target)!r} is in place but could not be forced to disk ({err}); it may not"
+                " survive a power cut.",
+            ) from err
+        finally:
+            with contextlib.suppress(OSError):
+                self.file.close()
+            if folder_fd is not None:
+                os.close(folder_fd)
+
+    def discard(self) -> None:
+        try:
+            self.file.close()
+        except OSError:
+            pass
+        try:
+            os.unlink(self.name)
+        except FileNotFoundError:
+            pass
+
+
+def _write_temp(obj: Any, target: Path, start_writeback: bool) -> _WrittenTemp:
+    """``torch.save`` into a fresh locked temporary file beside ``target`` (removing what killed saves left)."""
+    import torch
+
+    if target.is_dir():
+        raise IsADirectoryError(f"Cannot save a checkpoint to {str(target)!r}: it is an existing directory.")
+    parent = target.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    remove_leftovers(target)
+    fd, tmp_name = tempfile.mkstemp(prefix=temp_prefix(target), dir=parent)
+    tmp_file = os.fdopen(fd, "wb")
+    written = _WrittenTemp(tmp_file, tmp_name, target)
+    writer: _WritebackFile | None = None
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # marks the file as being written (see leftovers)
+        writer = _WritebackFile(tmp_file, _load_sync_file_range() if start_writeback else None)
+        torch.save(obj, writer)
+        tmp_file.flush()
+    except BaseException as err:
+        # BaseException on purpose: Ctrl-C mid-save must not leave a multi-GB temporary file behind.
+        written.discard()
+        cause = writer.error if writer is not None and writer.error is not None else err
+        if _no_space(cause):
+            raise _no_space_error(target, cause) from err  # type: ignore[arg-type]
+        raise
+    return written
+
+
+def _open_folder(folder: Path) -> int | None:
+    try:
+        return os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return None
+
+
+def atomic_save(obj: Any, path: str | os.PathLike, *, durable_in_background: bool = False) -> CheckpointHandle | None:
+    """``torch.save(obj, path)``, but a reader sees either the old file or the complete new one, never a torso.
+
+    The data is streamed straight into ``.<name>.tmp-<host>-<pid>-XXXX`` in the target's folder (the same
+    filesystem, so the rename is atomic) while this process holds a ``flock`` on it, then moved over ``path`` with
+    :func:`os.replace`. Nothing is buffered in memory first, so saving needs no second copy of the state. On any
+    failure, including ``KeyboardInterrupt``, the temporary file is deleted and the exception propagates; ``path``
+    is untouched. What a killed save left is removed by the next save of the same path.
+
+    **When this returns, the complete new file is at** ``path``. By default it is also durable: the file is
+    ``fsync``'d before the rename and the folder after it, so even a power cut leaves the previous or the new file.
+    With ``durable_in_background=True`` this returns right after the rename (what ``torch.save`` costs); the two
+    ``fsync`` calls run in the background (:mod:`fabric_core.io.background`) on open descriptors, and the returned
+    handle's ``wait()`` waits for them. A kill (not a power cut) at any moment still leaves the previous or the new
+    file. Processes that memory-mapped the old file keep a valid view of it: the rename swaps the directory entry.
+    """
+    target = Path(os.fspath(path))
+    background.wait(target)  # an earlier save of this path lands first (and its error surfaces here)
+    written = _write_temp(obj, target, start_writeback=not durable_in_background)
+    written.replace_target(sync_first=not durable_in_background)
+    folder_fd = _open_folder(target.parent)
+    if durable_in_background:
+        return background.submit(target, lambda: written.make_durable(folder_fd, synced=False))
+    written.make_durable(folder_fd, synced=True)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------- folders
+def commit_directory(
+    target: CheckpointLocation | str | os.PathLike, write: Callable[[CheckpointLocation], None], coordinator: Coordinator
+) -> None:
+    """Write a checkpoint folder on every rank, crash-safely, and publish it when every rank succeeded.
+
+    1. Rank 0 prepares where the ranks write and tells every rank (so all agree even if they were given different
+       paths): locally, a hidden temporary directory beside ``target`` (after removing what killed saves left);
+       at a URL, a new version folder (:func:`fabric_core.io.remote.stage_version`).
+    2. Every rank calls ``write(folder)`` with that folder as a :class:`CheckpointLocation` and makes what it sees
+       there durable (``fsync``, local folders); then all ranks vote.
+       Only if every rank succeeded does rank 0 publish (swap the directory into place; write the URL's marker);
+       then all vote again (:func:`~fabric_core.io.coordination.publish_together`).
+    3. On every rank, whatever happened (an error here or on another rank, a failed collective because a rank
+       died, ``KeyboardInterrupt``), the staged folder is removed unless it was published.
+
+    When this returns on every rank, the checkpoint is at ``target``. The error of this rank is raised; if only
+    another rank failed, a ``RuntimeError`` says so. The previous checkpoint at ``target`` is untouched by a failed
+    save.
+    """
+    staged = _stage(CheckpointLocation.of(target), coordinator)
     error: Exception | None = None
     try:
-        write(staged.tmp)
+        write(staged.location)
+        staged.make_durable()
     except BaseException as err:  # noqa: B036 (agree on failure below, then clean up in finally)
         if not isinstance(err, Exception):
             staged.abandon()
@@ -255,30 +500,23 @@ def commit_directory(target: str | os.PathLike, write: Callable[[Any], None], co
 
 
 def commit_directory_async(
-    target: str | os.PathLike,
-    start_write: Callable[[Path], Callable[[], None]],
+    target: CheckpointLocation | str | os.PathLike,
+    start_write: Callable[[CheckpointLocation], Callable[[], None]],
     coordinator: Coordinator,
     background_coordinator: Coordinator,
-) -> Any:
+) -> CheckpointHandle:
     """Like :func:`commit_directory`, but only the start of the write happens in the caller.
 
-    ``start_write(tmp)`` begins this rank's write (e.g. torch.distributed.checkpoint's ``async_save``, which
-    copies the state first) and returns a function that waits for it; for a URL ``target``, ``tmp`` is the URL of
-    the new version (:func:`commit_remote_directory`). Waiting, the votes, the swap and the cleanup
-    run in the background thread (:mod:`fabric_core.io.background`) and agree over ``background_coordinator``,
-    whose collectives must not share a process group with the training loop's. Returns the save's handle.
+    ``start_write(folder)`` begins this rank's write (e.g. torch.distributed.checkpoint's ``async_save``, which
+    copies the state first) and returns a function that waits for it. Waiting, the votes, publishing and the
+    cleanup run in the background thread (:mod:`fabric_core.io.background`) and agree over
+    ``background_coordinator``, whose collectives must not share a process group with the training loop's.
+    Returns the save's handle: at its ``wait()`` the checkpoint is at ``target``.
     """
-    from fabric_core.io import background
-
-    staged: _StagedDirectory | _StagedVersion
-    if remote.is_url(target):
-        staged = _stage_version(str(target), coordinator)
-        location: Any = staged.location
-    else:
-        staged = _stage_directory(Path(remote.local_path(target)), coordinator)
-        location = staged.tmp
+    location = CheckpointLocation.of(target)
+    staged = _stage(location, coordinator)
     try:
-        wait = start_write(location)
+        wait = start_write(staged.location)
     except BaseException:
         staged.abandon()
         raise
@@ -287,49 +525,51 @@ def commit_directory_async(
         error: Exception | None = None
         try:
             wait()
+            staged.make_durable()
         except Exception as err:
             error = err
         staged.finish(error, background_coordinator)
 
-    return background.submit(staged.target, complete)
+    return background.submit(location, complete)
 
 
 class _StagedDirectory:
-    """A temporary directory all ranks write into, committed (or removed) by :meth:`finish` on every rank."""
+    """A hidden temporary directory all ranks write into, swapped in (or removed) by :meth:`finish` on every rank."""
 
     def __init__(self, target: Path, tmp: Path, lock: WriterLock | None) -> None:
         self.target = target
         self.tmp = tmp
+        self.location = CheckpointLocation.of(tmp)
         self.lock = lock
+        self._published = False
 
     def abandon(self) -> None:
         if self.lock is not None:
             self.lock.release()
         remove_path(self.tmp)
 
+    def make_durable(self) -> None:
+        """``fsync`` what this rank sees in the folder (files another rank synced already cost one cheap call)."""
+        fsync_tree(self.tmp)
+
     def finish(self, error: Exception | None, coordinator: Coordinator) -> None:
-        committed = False
         try:
-            if coordinator.reduce_boolean_decision(error is None, all=True):
-                try:
-                    if coordinator.is_global_zero:
-                        swap_into_place(self.tmp, self.target)
-                except Exception as err:
-                    error = err
-                if coordinator.reduce_boolean_decision(error is None, all=True):
-                    committed = True
-                    return
-            if error is not None:
-                raise error
-            raise RuntimeError(
-                f"Saving the checkpoint {str(self.target)!r} failed on another rank (see its error); the previous"
-                " checkpoint, if any, was left untouched."
-            )
+            publish_together(error, coordinator, self._publish, str(self.target))
         finally:
             if self.lock is not None:
                 self.lock.release()
-            if not committed:
+            if not self._published:
                 remove_path(self.tmp)
+
+    def _publish(self) -> None:
+        swap_into_place(self.tmp, self.target)
+        self._published = True
+
+
+def _stage(target: CheckpointLocation, coordinator: Coordinator) -> _StagedDirectory | remote.StagedVersion:
+    if target.is_url:
+        return remote.stage_version(target, coordinator)
+    return _stage_directory(target.path, coordinator)
 
 
 def _stage_directory(target: Path, coordinator: Coordinator) -> _StagedDirectory:
@@ -355,89 +595,8 @@ def _stage_directory(target: Path, coordinator: Coordinator) -> _StagedDirectory
     return _StagedDirectory(target, tmp, lock)
 
 
-# ---------------------------------------------------------------------------------------------------------- remote
-#: In a checkpoint folder on an object store: the name of the complete version (written last, in one PUT).
-COMMIT_MARKER = ".fabric-committed"
-VERSION_PREFIX = "v-"
-
-
-def committed_version(url: str) -> str:
-    """The folder that holds the checkpoint at ``url``: its committed version, or ``url`` itself (no versions)."""
-    fs, path = remote.filesystem(url)
-    marker = f"{path.rstrip('/')}/{COMMIT_MARKER}"
-    if fs.exists(marker):
-        with fs.open(marker, "rb") as file:
-            version = file.read().decode().strip()
-        return remote.join(url, version)
-    return url
-
-
-def commit_remote_directory(target: str, write: Callable[[str], None], coordinator: Coordinator) -> None:
-    """Commit a directory checkpoint on an object store, where nothing can be renamed atomically.
-
-    Every save writes a new version under ``target/v-<token>/``; only when every rank has written its part does
-    rank 0 write ``target/.fabric-committed`` (one small object, replaced at once) naming that version, then
-    delete the older versions. Readers follow the marker (:func:`committed_version`). So at every moment the
-    marker names a complete version: a kill before it leaves the previous version committed, a kill after it at
-    worst leaves an old version to delete. A failed save removes its version.
-    """
-    staged = _stage_version(target, coordinator)
-    error: Exception | None = None
-    try:
-        write(staged.location)
-    except Exception as err:
-        error = err
-    staged.finish(error, coordinator)
-
-
-class _StagedVersion:
-    """A new version folder at an object-store URL, committed (marker written) or removed by :meth:`finish`."""
-
-    def __init__(self, target: str, version: str) -> None:
-        self.target = target
-        self.version = version
-        self.location = remote.join(target, version)
-
-    def abandon(self) -> None:
-        self._remove()
-
-    def _remove(self) -> None:
-        try:
-            remote.remove(self.location)
-        except Exception:
-            pass
-
-    def finish(self, error: Exception | None, coordinator: Coordinator) -> None:
-        committed = marked = False
-        try:
-            if coordinator.reduce_boolean_decision(error is None, all=True):
-                try:
-                    if coordinator.is_global_zero:
-                        fs, path = remote.filesystem(self.target)
-                        with fs.open(f"{path.rstrip('/')}/{COMMIT_MARKER}", "wb") as file:
-                            file.write(self.version.encode())
-                        marked = True
-                        for entry in fs.ls(path, detail=False):  # best effort: an old version left behind harms nothing
-                            name = entry.rstrip("/").rpartition("/")[2]
-                            if name.startswith(VERSION_PREFIX) and name != self.version:
-                                try:
-                                    fs.rm(entry, recursive=True)
-                                except Exception:
-                                    pass
-                except Exception as err:
-                    error = err
-                if coordinator.reduce_boolean_decision(error is None, all=True):
-                    committed = True
-                    return
-            if error is not None:
-                raise error
-            raise RuntimeError(f"Saving the checkpoint {self.target!r} failed on another rank (see its error).")
-        finally:
-            if not committed and not marked and coordinator.is_global_zero:
-                self._remove()
-
-
-def _stage_version(target: str, coordinator: Coordinator) -> _StagedVersion:
-    """Rank 0 names the new version; every rank writes into it."""
-    version = coordinator.broadcast(f"{VERSION_PREFIX}{uuid.uuid4().hex[:12]}" if coordinator.is_global_zero else None)
-    return _StagedVersion(target, version)
+def committed_folder(location: CheckpointLocation) -> CheckpointLocation:
+    """Where the files of the folder checkpoint published at ``location`` are: the folder itself on a local disk,
+    the committed version on an object store (:func:`fabric_core.io.remote.committed_version`). Formats read
+    (and recognise) their folders through this."""
+    return remote.committed_version(location) if location.is_url else location

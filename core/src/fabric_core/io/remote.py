@@ -6,41 +6,43 @@ What each kind of storage guarantees, and so what a save there guarantees:
   visible only when it completes, whole, replacing the previous object at once. So a single-file checkpoint is
   streamed straight to its key: a kill mid-upload leaves the previous object intact and no partial one (an
   unfinished multipart upload is aborted by the client when it can; after a SIGKILL its parts wait for the bucket's
-  lifecycle rule to expire them). There is no atomic rename of a "folder", so a sharded checkpoint (many objects)
-  is committed by writing every object first and the small object that marks the folder a checkpoint last; a kill
-  before that leaves a folder no reader takes for a checkpoint.
-* **``file://``** URLs are local paths and get the local crash-safe commit (temporary file, fsync, rename).
+  lifecycle rule to expire them).
+* **Folders** (a sharded checkpoint, many objects) cannot be renamed atomically on a store. They are committed by
+  :func:`stage_version`: every save writes a new version folder ``<url>/v-<token>/``, and only when every rank has
+  written its part does rank 0 write the small object ``<url>/.fabric-committed`` naming it (one upload, replaced at
+  once), then delete the older versions. Readers follow the marker (:func:`committed_version`), so it always names a
+  complete version: a kill before the marker leaves the previous version committed, a kill after it at worst an
+  old version to delete. A failed save removes its version.
 * **``memory://``** (fsspec's in-process store, for tests): a file is replaced when it is closed.
+
+``file://`` URLs are local paths (:class:`~fabric_core.io.location.CheckpointLocation` decides that once).
 """
 
 from __future__ import annotations
 
-import os
 import re
-from typing import Any
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from fabric_core.io.coordination import Coordinator, publish_together
+
+if TYPE_CHECKING:
+    from fabric_core.io.location import CheckpointLocation
+
+__all__ = ["COMMIT_MARKER", "StagedVersion", "committed_version", "filesystem", "load", "save", "stage_version"]
 
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 _INSTALL = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs", "abfss": "adlfs"}
 
-
-def is_url(path: Any) -> bool:
-    """Whether ``path`` is a URL with a scheme other than ``file://`` (which is a local path)."""
-    if not isinstance(path, str):
-        return False
-    match = _SCHEME.match(path)
-    return match is not None and match.group(1).lower() != "file"
-
-
-def local_path(path: Any) -> Any:
-    """``file:///a/b`` -> ``/a/b``; anything else unchanged."""
-    if isinstance(path, str) and path.lower().startswith("file://"):
-        return path[len("file://") :]
-    return path
+#: In a checkpoint folder on an object store: the name of the complete version (written last, in one upload).
+COMMIT_MARKER = ".fabric-committed"
+VERSION_PREFIX = "v-"
 
 
 def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str]:
     """``(fsspec filesystem, path inside it)`` for ``url``, with an install hint when a package is missing."""
-    scheme = _SCHEME.match(url).group(1).lower()  # type: ignore[union-attr]
+    match = _SCHEME.match(url)
+    scheme = match.group(1).lower() if match else "file"
     try:
         import fsspec
     except ImportError as err:
@@ -71,6 +73,7 @@ def save(obj: Any, url: str, storage_options: dict[str, Any] | None = None) -> N
 
 
 def load(url: str, map_location: Any, weights_only: bool, storage_options: dict[str, Any] | None = None) -> Any:
+    """``torch.load`` from ``url``; ``FileNotFoundError`` naming it when nothing is there."""
     import torch
 
     fs, path = filesystem(url, storage_options)
@@ -80,25 +83,63 @@ def load(url: str, map_location: Any, weights_only: bool, storage_options: dict[
         return torch.load(file, map_location=map_location, weights_only=weights_only)
 
 
-def exists(url: str) -> bool:
-    fs, path = filesystem(url)
-    return bool(fs.exists(path))
+# ---------------------------------------------------------------------------------------------------- folders
+def committed_version(location: CheckpointLocation) -> CheckpointLocation:
+    """The folder that holds the checkpoint at ``location``: its committed version, or ``location`` itself."""
+    marker = location.child(COMMIT_MARKER)
+    if marker.exists():
+        with marker.open("rb") as file:
+            version = file.read().decode().strip()
+        return location.child(version)
+    return location
 
 
-def isdir(url: str) -> bool:
-    fs, path = filesystem(url)
-    return bool(fs.isdir(path))
+class StagedVersion:
+    """A new version folder at an object-store URL that every rank writes into; published or removed by
+    :meth:`finish` on every rank."""
+
+    def __init__(self, target: CheckpointLocation, version: str) -> None:
+        self.target = target
+        self.version = version
+        #: Where every rank writes its part.
+        self.location = target.child(version)
+        self._published = False
+
+    def abandon(self) -> None:
+        """Remove the version (a failure before every rank could vote)."""
+        self._remove()
+
+    def make_durable(self) -> None:
+        """Nothing to do: an object store keeps what an upload completed."""
+
+    def finish(self, error: Exception | None, coordinator: Coordinator) -> None:
+        """Vote, publish the marker from rank 0, vote again (:func:`~fabric_core.io.coordination.publish_together`);
+        remove the version unless it was published."""
+        try:
+            publish_together(error, coordinator, self._publish, str(self.target))
+        finally:
+            if not self._published and coordinator.is_global_zero:
+                self._remove()
+
+    def _publish(self) -> None:
+        with self.target.child(COMMIT_MARKER).open("wb") as file:
+            file.write(self.version.encode())
+        self._published = True
+        for name in self.target.listdir():  # best effort: an old version left behind harms nothing
+            if name.startswith(VERSION_PREFIX) and name != self.version:
+                try:
+                    self.target.child(name).remove()
+                except Exception:  # noqa: S110 - the next save tries again
+                    pass
+
+    def _remove(self) -> None:
+        try:
+            self.location.remove()
+        except Exception:  # noqa: S110 - a version never named by the marker harms nothing
+            pass
 
 
-def remove(url: str) -> None:
-    fs, path = filesystem(url)
-    if fs.exists(path):
-        fs.rm(path, recursive=True)
-
-
-def join(url: str, *parts: str) -> str:
-    return "/".join([url.rstrip("/"), *parts])
-
-
-def name(path: Any) -> str:
-    return os.path.basename(str(path).rstrip("/"))
+def stage_version(target: CheckpointLocation, coordinator: Coordinator) -> StagedVersion:
+    """Rank 0 names the new version of the folder checkpoint at ``target``; every rank writes into it."""
+    version = coordinator.broadcast(f"{VERSION_PREFIX}{uuid.uuid4().hex[:12]}" if coordinator.is_global_zero else None)
+    return StagedVersion(target, version)

@@ -13,11 +13,10 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
-from pathlib import Path
 from typing import Any
 
-from fabric_core.io import remote
 from fabric_core.io.commit import OLD_MARK, is_temporary, leftovers, new_temp_path, remove_path
+from fabric_core.io.location import CheckpointLocation
 
 _DIGITS = re.compile(r"\d+")
 
@@ -40,9 +39,10 @@ def prune(newest: Any, keep_last: int) -> list[str]:
     """Remove all but the ``keep_last`` newest checkpoints of ``newest``'s series; returns what was removed."""
     if not isinstance(keep_last, int) or isinstance(keep_last, bool) or keep_last < 1:
         raise ValueError(f"`keep_last` must be a positive integer, got {keep_last!r}.")
-    if remote.is_url(newest):
-        return _prune_remote(str(newest), keep_last)
-    newest = Path(remote.local_path(newest))
+    location = CheckpointLocation.of(newest)
+    if location.is_url:
+        return _prune_remote(location, keep_last)
+    newest = location.path
     pattern = series_pattern(newest.name)
     folder = newest.parent
     members = sorted(
@@ -67,18 +67,13 @@ def prune(newest: Any, keep_last: int) -> list[str]:
     return removed
 
 
-def _prune_remote(newest: str, keep_last: int) -> list[str]:
-    fs, path = remote.filesystem(newest)
-    parent, _, name = path.rstrip("/").rpartition("/")
-    pattern = series_pattern(name)
-    members = sorted(
-        (p.rstrip("/").rpartition("/")[2] for p in fs.ls(parent, detail=False)),
-        key=_order,
-    )
-    members = [m for m in members if fnmatch.fnmatchcase(m, pattern) and not m.startswith(".")]
+def _prune_remote(newest: CheckpointLocation, keep_last: int) -> list[str]:
+    pattern = series_pattern(newest.name)
+    folder = newest.parent
+    members = sorted((m for m in folder.listdir() if fnmatch.fnmatchcase(m, pattern) and not m.startswith(".")), key=_order)
     removed = []
     for member in members[: max(0, len(members) - keep_last)]:
-        if member != name:
-            fs.rm(f"{parent}/{member}", recursive=True)
+        if member != newest.name:
+            folder.child(member).remove()
             removed.append(member)
     return removed

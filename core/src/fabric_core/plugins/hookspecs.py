@@ -23,7 +23,6 @@ Importing this module costs nothing: heavy types are only imported for type chec
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pluggy
@@ -31,7 +30,8 @@ import pluggy
 if TYPE_CHECKING:
     from fabric_core.accelerators.base import Accelerator
     from fabric_core.environments.base import ClusterEnvironment
-    from fabric_core.io.formats import CheckpointReader
+    from fabric_core.io.format import CheckpointReader
+    from fabric_core.io.location import CheckpointLocation
     from fabric_core.launchers.base import Launcher
     from fabric_core.plugins.registry import Registrar, Registry
     from fabric_core.precision.base import Precision
@@ -174,7 +174,7 @@ def fabric_adjust_strategy(
 
 
 @hookspec(firstresult=True)
-def fabric_select_checkpoint_reader(path: Path) -> CheckpointReader | None:
+def fabric_select_checkpoint_reader(path: CheckpointLocation) -> CheckpointReader | None:
     """Return a reader ``reader(path, map_location="cpu", weights_only=None) -> dict`` for the checkpoint at ``path``.
 
     Asked for a checkpoint that is a directory (a sharded FSDP checkpoint, a DeepSpeed folder), which a strategy
@@ -182,8 +182,9 @@ def fabric_select_checkpoint_reader(path: Path) -> CheckpointReader | None:
     The reader returns the whole checkpoint in this one process, in the layout of a single-file checkpoint (the
     model's key holds a plain state dict, optimizers hold torch optimizer state dicts). Return ``None`` when
     ``path`` is not in your format; recognising it must be cheap (look at file names, import nothing heavy). The
-    core itself reads single files. For remote storage ``path`` is the URL string (``"s3://bucket/ckpt"``); reach it
-    through fsspec (``fabric_core.io.remote``).
+    core itself reads single files. ``path`` is a :class:`~fabric_core.io.location.CheckpointLocation`: a local path
+    (``Path(path)`` works) or a URL (``path.is_url``; reach it through its methods or ``path.filesystem()``, never
+    ``Path``). A format's bound ``read`` method is such a reader (:class:`~fabric_core.io.format.CheckpointFormat`).
     """
 
 

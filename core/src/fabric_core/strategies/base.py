@@ -6,9 +6,10 @@ holding the whole model; parallel strategies override what they must. Every attr
 declared on this class (``launcher_name``, ``requires_launch``, ``requires_joint_setup``,
 ``optimizer_step_target``, ``backward_sync_control``, ...) and documented in ``docs/plugins.md``.
 
-Checkpoints are a component of their own (:mod:`fabric_core.io`): the strategy supplies only how a module or an
-optimizer becomes a state dict and back; the walk over the user's state, the file formats and the crash-safe
-commit are shared by every strategy.
+Checkpoints are a component of their own (:mod:`fabric_core.io`): a strategy names the format it writes
+(:meth:`Strategy.checkpoint_format`) and hands formats what they need from it (:meth:`Strategy.checkpoint_context`:
+how a module or an optimizer becomes a state dict and back, the coordinator, the precision's state); the walk over
+the user's state, the formats and the crash-safe commit are shared by every strategy.
 """
 
 from __future__ import annotations
@@ -25,18 +26,21 @@ from torch.nn import Module
 from torch.optim import Optimizer
 
 from fabric_core.io import background
-from fabric_core.io.background import CheckpointHandle
-from fabric_core.io.formats import read_checkpoint
+from fabric_core.io.format import CheckpointFormat, FormatContext, format_for_loading
+from fabric_core.io.location import CheckpointLocation
+from fabric_core.io.single_file import SingleFileFormat
 from fabric_core.io.snapshot import SnapshotBuffers
-from fabric_core.io.state import PRECISION_STATE_KEY, Filter, restore_state, state_to_save
+from fabric_core.io.state import PRECISION_STATE_KEY, Filter
 from fabric_core.precision.base import Precision
 from fabric_core.utilities.apply import move_data_to_device
 
 if TYPE_CHECKING:
     from fabric_core.accelerators.base import Accelerator
     from fabric_core.environments.base import ClusterEnvironment
+    from fabric_core.io.background import CheckpointHandle
     from fabric_core.io.checkpoint_io import CheckpointIO
-    from fabric_core.io.formats import FindReader
+    from fabric_core.io.coordination import Coordinator
+    from fabric_core.io.format import FindReader
     from fabric_core.launchers.base import Launcher
 
 __all__ = ["PRECISION_STATE_KEY", "REDUCE_OPS", "BackwardSyncControl", "Strategy", "check_reduce_op"]
@@ -236,6 +240,9 @@ class Strategy(ABC):
             self.accelerator.setup_device(self.root_device)
 
     def teardown(self) -> None:
+        """Release what the strategy holds, after the saves still finishing in the background (their errors are
+        raised here, and no thread of ours is left)."""
+        background.wait_all()
         self.precision.teardown()
         if self.accelerator is not None:
             self.accelerator.teardown()
@@ -331,7 +338,7 @@ class Strategy(ABC):
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         """Send a picklable object from rank ``src`` to every process."""
 
-    def checkpoint_coordinator(self) -> Any:
+    def checkpoint_coordinator(self) -> Coordinator:
         """What the background thread agrees over when it finishes an asynchronous multi-rank save: an object with
         ``is_global_zero``, ``broadcast`` and ``reduce_boolean_decision`` whose collectives do not interfere with the
         training loop's (one process: this strategy). Call it on every rank at the same point."""
@@ -361,85 +368,81 @@ class Strategy(ABC):
     def load_optimizer_state(self, optimizer: Optimizer, state: dict[str, Any]) -> None:
         optimizer.load_state_dict(state)
 
-    def convert_state(
-        self,
-        state: dict[str, Any],
-        filter: Filter | None = None,
-        module_state: Callable[[Module], dict[str, Any]] | None = None,
-        optimizer_state: Callable[[Optimizer], dict[str, Any]] | None = None,
-    ) -> dict[str, Any]:
-        """What a single-file checkpoint of ``state`` holds (see :func:`~fabric_core.io.state.state_to_save`).
-
-        ``module_state``/``optimizer_state`` replace :meth:`get_module_state_dict`/:meth:`get_optimizer_state`
-        for one conversion (e.g. FSDP gathering a full state dict for a single-file checkpoint).
-        """
-        return state_to_save(
-            state,
-            module_state=module_state or self.get_module_state_dict,
-            optimizer_state=optimizer_state or self.get_optimizer_state,
-            filter=filter,
-            precision_state=self.precision.state_dict(),
+    def checkpoint_context(self) -> FormatContext:
+        """What a checkpoint format receives from this strategy (:class:`~fabric_core.io.format.FormatContext`):
+        the coordinator, the module and optimizer state adapters (the four methods above), the precision's state,
+        and the reader lookup. Override to hand a format something else (fabric-fsdp hands full-state adapters);
+        call it on every rank."""
+        return FormatContext(
+            coordinator=self,
+            world_size=self.world_size,
+            module_state=self.get_module_state_dict,
+            load_module_state=self.load_module_state_dict,
+            optimizer_state=self.get_optimizer_state,
+            load_optimizer_state=self.load_optimizer_state,
+            precision_state=self.precision.state_dict,
+            load_precision_state=self.precision.load_state_dict,
+            find_reader=self._find_checkpoint_reader,
+            background_coordinator=self.checkpoint_coordinator,
         )
+
+    def checkpoint_format(self) -> CheckpointFormat:
+        """The format ``fabric.save`` writes: by default one file, through :attr:`checkpoint_io`, from global rank 0
+        (:class:`~fabric_core.io.single_file.SingleFileFormat`). A sharding strategy returns its own."""
+        return SingleFileFormat(self.checkpoint_io, self._snapshot_buffers)
+
+    def checkpoint_formats(self) -> list[CheckpointFormat]:
+        """The formats this strategy loads, asked in order which recognises a path; the last one (the single file)
+        takes whatever is not a folder. Folders of formats not listed are read whole through the installed plugin
+        that recognises them (``fabric_select_checkpoint_reader``)."""
+        return [SingleFileFormat(self.checkpoint_io, self._snapshot_buffers)]
 
     def save_checkpoint(
         self,
-        path: str | Path,
+        path: CheckpointLocation | str | Path,
         state: dict[str, Any],
         storage_options: Any | None = None,
         filter: Filter | None = None,
     ) -> None:
-        """Write ``state`` to ``path`` from global rank 0 (crash-safe through the checkpoint I/O)."""
-        converted = self.convert_state(state, filter)
-        if self.is_global_zero:
-            self.checkpoint_io.save_checkpoint(converted, path, storage_options=storage_options)
+        """Write ``state`` at ``path`` in :meth:`checkpoint_format`; on return (on every rank) it is complete there."""
+        location = CheckpointLocation.of(path)
+        self.checkpoint_format().write(
+            location, state, self.checkpoint_context(), filter=filter, storage_options=storage_options
+        )
 
     def save_checkpoint_async(
         self,
-        path: str | Path,
+        path: CheckpointLocation | str | Path,
         state: dict[str, Any],
         storage_options: Any | None = None,
         filter: Filter | None = None,
     ) -> CheckpointHandle:
-        """Snapshot ``state`` now and write it in the background from global rank 0; returns the save's handle.
+        """Snapshot ``state`` now and finish the save in the background (:meth:`CheckpointFormat.write_async`);
+        returns the save's handle (at its ``wait()`` the checkpoint is at ``path`` and durable)."""
+        location = CheckpointLocation.of(path)
+        return self.checkpoint_format().write_async(
+            location, state, self.checkpoint_context(), filter=filter, storage_options=storage_options
+        )
 
-        The conversion to state dicts runs here, on every rank (a strategy that gathers shards needs all of them);
-        rank 0 copies the result into reusable CPU buffers (:mod:`fabric_core.io.snapshot`) and hands the write
-        to the background thread (:mod:`fabric_core.io.background`). Sharded strategies override this with their
-        own asynchronous format.
-        """
-        converted = self.convert_state(state, filter)
-        if not self.is_global_zero:
-            return background.completed(path)
-        snapshot, release = self._snapshot_buffers.take(converted)
-        del converted
-
-        def write() -> None:
-            try:
-                self.checkpoint_io.save_checkpoint(snapshot, path, storage_options=storage_options)
-            finally:
-                release()
-
-        return background.submit(path, write)
-
-    def read_checkpoint(self, path: str | Path, weights_only: bool | None = None) -> dict[str, Any]:
-        """Read a whole checkpoint into a dict: a file memory-mapped, a directory through its format's reader."""
-        return read_checkpoint(path, self.checkpoint_io, self._find_checkpoint_reader, weights_only=weights_only)
+    def read_checkpoint(self, path: CheckpointLocation | str | Path, weights_only: bool | None = None) -> dict[str, Any]:
+        """Read a whole checkpoint into a dict in this process: a file memory-mapped, a folder through its format."""
+        location = CheckpointLocation.of(path)
+        checkpoint_format = format_for_loading(location, self.checkpoint_formats(), self._find_checkpoint_reader)
+        return checkpoint_format.read(location, weights_only=weights_only)
 
     def load_checkpoint(
         self,
-        path: str | Path,
+        path: CheckpointLocation | str | Path,
         state: Module | Optimizer | dict[str, Any] | None = None,
         strict: bool = True,
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
-        """Restore ``state`` in place from ``path`` and return what the checkpoint holds beyond it."""
-        return restore_state(
-            state,
-            self.read_checkpoint(path, weights_only=weights_only),
-            strict=strict,
-            load_module=self.load_module_state_dict,
-            load_optimizer=self.load_optimizer_state,
-            load_precision=self.precision.load_state_dict,
+        """Restore ``state`` in place from ``path`` and return what the checkpoint holds beyond it, through the
+        format that recognises ``path`` (:func:`~fabric_core.io.format.format_for_loading`)."""
+        location = CheckpointLocation.of(path)
+        checkpoint_format = format_for_loading(location, self.checkpoint_formats(), self._find_checkpoint_reader)
+        return checkpoint_format.load(
+            location, state, self.checkpoint_context(), strict=strict, weights_only=weights_only
         )
 
     def __repr__(self) -> str:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from fabric_core.accelerators.base import Accelerator
     from fabric_core.environments.base import ClusterEnvironment
     from fabric_core.io.checkpoint_io import CheckpointIO
-    from fabric_core.io.formats import FindReader
+    from fabric_core.io.format import FindReader
     from fabric_core.precision.base import Precision
 
 DEFAULT_TIMEOUT = timedelta(minutes=30)

@@ -1,6 +1,6 @@
 """DeepSpeed checkpoints: saving and loading them from the strategy, and reading them without DeepSpeed's engine.
 
-The layout is described in :mod:`fabric_deepspeed.formats`. What is not DeepSpeed-specific comes from the core:
+The layout is described in :mod:`fabric_deepspeed.layout`. What is not DeepSpeed-specific comes from the core:
 the walk over the user's state (:mod:`fabric_core.io.state`), reading files and other plugins' directories
 (:mod:`fabric_core.io.formats`) and the crash-safe multi-rank directory commit
 (:func:`fabric_core.io.commit.commit_directory`). What stays here is how an engine becomes DeepSpeed's directory
@@ -27,9 +27,10 @@ from torch.nn import Module
 from torch.optim import Optimizer
 
 from fabric_core.io.commit import check_replaceable, commit_directory
+from fabric_core.io.errors import CheckpointPathError
 from fabric_core.io.state import Filter, check_missing, restore_state, state_to_save
 from fabric_deepspeed import runtime
-from fabric_deepspeed.formats import (
+from fabric_deepspeed.layout import (
     FORMAT_KEY,
     FORMAT_VERSION,
     LATEST,
@@ -48,10 +49,6 @@ __all__ = ["DeepSpeedCheckpointError", "check_safe_to_load", "find_engine", "loa
 
 class DeepSpeedCheckpointError(RuntimeError):
     """A DeepSpeed checkpoint directory could not be read (incomplete, foreign objects, not DeepSpeed's)."""
-
-
-class CheckpointPathError(FileNotFoundError, ValueError):
-    """Nothing at the path given to ``fabric.load``: a ``FileNotFoundError``, and the reference's ``ValueError``."""
 
 
 # ---------------------------------------------------------------------------------------------------- safety
@@ -145,24 +142,6 @@ def _optimizer_key(state: dict[str, Any], engine: Any) -> str | None:
     return next((k for k, v in state.items() if v is own or (inner is not None and v is inner)), None)
 
 
-def _fsync_tree(folder: Path) -> None:
-    """Make every file DeepSpeed wrote under ``folder`` durable (it does not fsync); then the folders."""
-    for root, _, files in os.walk(folder):
-        for name in files:
-            with contextlib.suppress(OSError):
-                fd = os.open(os.path.join(root, name), os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-        with contextlib.suppress(OSError):
-            fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
-
 def save(
     strategy: DeepSpeedStrategy, path: Path, state: dict[str, Any], storage_options: Any, filter: Filter | None
 ) -> None:
@@ -201,7 +180,6 @@ def save(
         engine.save_checkpoint(
             str(tmp), tag=TAG, client_state={FORMAT_KEY: record}, exclude_frozen_parameters=strategy.exclude_frozen_parameters
         )
-        _fsync_tree(tmp)
 
     commit_directory(path, write, strategy)
 
@@ -262,7 +240,7 @@ def load(
         _check_directory(path)
     if path.is_file() or not is_deepspeed_checkpoint(path):
         if path.is_dir():
-            find_reader = strategy._find_checkpoint_reader
+            find_reader = strategy.checkpoint_context().find_reader
             if tag_folder_parent(path) is not None or find_reader is None or find_reader(path) is None:
                 _check_directory(path)  # raises, saying what the directory is
         return _load_full(strategy, path, state, strict, weights_only)

@@ -8,12 +8,12 @@ hook recognises a directory from its file names before importing anything.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fabric_core.plugins import hookimpl
 
 if TYPE_CHECKING:
+    from fabric_core.io.location import CheckpointLocation
     from fabric_core.accelerators.base import Accelerator
     from fabric_core.plugins import Registrar, Registry
     from fabric_core.strategies.base import Strategy
@@ -85,9 +85,9 @@ def fabric_select_precision(registry: Registry, precision: str, strategy: Strate
 
 
 @hookimpl
-def fabric_select_checkpoint_reader(path: Path) -> Any:
+def fabric_select_checkpoint_reader(path: CheckpointLocation) -> Any:
     """Read a DeepSpeed checkpoint directory (a ``latest`` tag and its model states) in one process."""
-    from fabric_deepspeed.formats import is_deepspeed_checkpoint
+    from fabric_deepspeed.layout import is_deepspeed_checkpoint
 
     if not is_deepspeed_checkpoint(path):
         return None

@@ -7,12 +7,12 @@ hook actually has to answer for FSDP (an FSDP strategy exists, or a path is an F
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fabric_core.plugins import hookimpl
 
 if TYPE_CHECKING:
+    from fabric_core.io.location import CheckpointLocation
     from fabric_core.accelerators.base import Accelerator
     from fabric_core.plugins import Registrar, Registry
     from fabric_core.strategies.base import Strategy
@@ -57,9 +57,9 @@ def fabric_select_precision(registry: Registry, precision: str, strategy: Strate
 
 
 @hookimpl
-def fabric_select_checkpoint_reader(path: Path) -> Any:
+def fabric_select_checkpoint_reader(path: CheckpointLocation) -> Any:
     """Read a sharded FSDP checkpoint directory (DCP ``.metadata`` plus our ``meta.pt``) in one process."""
-    from fabric_fsdp.formats import is_sharded_checkpoint
+    from fabric_fsdp.layout import is_sharded_checkpoint
 
     if not is_sharded_checkpoint(path):
         return None

@@ -10,6 +10,7 @@ the core's checkpoint building blocks; the precision hands over its FSDP policy 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import weakref
 from collections.abc import Generator
 from contextlib import AbstractContextManager, ExitStack
@@ -22,6 +23,8 @@ from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
 
+from fabric_core.io.format import CheckpointFormat, FormatContext
+from fabric_core.io.location import CheckpointLocation
 from fabric_core.io.state import Filter
 from fabric_core.precision.base import Precision
 from fabric_core.strategies.base import BackwardSyncControl
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
 
     from fabric_core.accelerators.base import Accelerator
     from fabric_core.environments.base import ClusterEnvironment
+    from fabric_core.io.background import CheckpointHandle
     from fabric_core.io.checkpoint_io import CheckpointIO
 
 __all__ = ["DEFAULT_WRAP_CLASSES", "FSDPStrategy"]
@@ -423,9 +427,47 @@ class FSDPStrategy(ParallelStrategy):
         return sharding.clip_grad_norm(params, float(max_norm), float(norm_type), error_if_nonfinite)
 
     # ---------------------------------------------------------------------------------------- checkpoints
+    def checkpoint_context(self) -> FormatContext:
+        """The core's context with full-state adapters: a full (single-file) checkpoint gathers the model and its
+        optimizers, and loading one gives every rank its shard (:mod:`fabric_fsdp.checkpoint`)."""
+        return dataclasses.replace(
+            super().checkpoint_context(),
+            module_state=fsdp_checkpoint.full_module_state,
+            load_module_state=fsdp_checkpoint.load_full_module_state,
+            optimizer_state=lambda optimizer: fsdp_checkpoint.full_optimizer_state(self.owner(optimizer), optimizer),
+            load_optimizer_state=lambda optimizer, state: fsdp_checkpoint.load_full_optimizer_state(
+                self.owner(optimizer), optimizer, state
+            ),
+        )
+
+    def sharded_checkpoint_format(self) -> fsdp_checkpoint.ShardedFormat:
+        """The sharded folder format (DCP shards plus ``meta.pt``) over this strategy's models."""
+        return fsdp_checkpoint.ShardedFormat(owner=self.owner, stager=self.dcp_stager)
+
+    def checkpoint_format(self) -> CheckpointFormat:
+        """``state_dict_type="sharded"``: the sharded folder; ``"full"``: the core's single file, gathered."""
+        if self.state_dict_type == "full":
+            return super().checkpoint_format()
+        return self.sharded_checkpoint_format()
+
+    def checkpoint_formats(self) -> list[CheckpointFormat]:
+        """Sharded folders (resharded on load), then single files (each rank keeps its shard)."""
+        return [self.sharded_checkpoint_format(), *super().checkpoint_formats()]
+
+    def _require_model(self, state: dict[str, Any]) -> None:
+        _, model = fsdp_checkpoint.find_model(state, "save")
+        if model is None:
+            raise ValueError(
+                "Could not find a FSDP model in the provided checkpoint state. Pass the model set up with"
+                " `fabric.setup` as part of the state, like `fabric.save(path, {'model': model, 'optimizer':"
+                " optimizer, ...})`."
+            )
+        if self.state_dict_type == "sharded":
+            self.check_checkpoint_io(self.configured_checkpoint_io)
+
     def save_checkpoint(
         self,
-        path: str | Path,
+        path: CheckpointLocation | str | Path,
         state: dict[str, Any],
         storage_options: Any | None = None,
         filter: Filter | None = None,
@@ -435,52 +477,20 @@ class FSDPStrategy(ParallelStrategy):
 
         Exactly one FSDP model may be in ``state``; optimizers of that model are saved with it.
         """
-        key, model = fsdp_checkpoint.find_model(state, "save")
-        if model is None:
-            raise ValueError(
-                "Could not find a FSDP model in the provided checkpoint state. Pass the model set up with"
-                " `fabric.setup` as part of the state, like `fabric.save(path, {'model': model, 'optimizer':"
-                " optimizer, ...})`."
-            )
-        if self.state_dict_type == "full":
-            # The CheckpointIO writes full checkpoints, so `storage_options` go to it (the default one refuses them).
-            fsdp_checkpoint.save_full(self, path, state, storage_options, filter)
-            return
-        if filter is not None:
-            raise NotImplementedError(
-                "FSDP doesn't support loading sharded filtered checkpoints, so saving them is disabled. Use"
-                " `FSDPStrategy(state_dict_type='full')` to filter, or save without a filter."
-            )
-        if storage_options is not None:
-            raise TypeError(
-                "`FSDPStrategy.save_checkpoint(..., storage_options=...)` is not supported because `FSDPStrategy`"
-                " does not use the `CheckpointIO` for sharded checkpoints (they are written with"
-                " torch.distributed.checkpoint). Leave `storage_options` out, or save with"
-                " `state_dict_type='full'` through a `CheckpointIO` that takes them."
-            )
-        self.check_checkpoint_io(self.configured_checkpoint_io)
-        assert key is not None
-        fsdp_checkpoint.save_sharded(self, path, key, model, state)
+        self._require_model(state)
+        super().save_checkpoint(path, state, storage_options, filter)
 
     def save_checkpoint_async(
         self,
-        path: str | Path,
+        path: CheckpointLocation | str | Path,
         state: dict[str, Any],
         storage_options: Any | None = None,
         filter: Filter | None = None,
-    ) -> Any:
+    ) -> CheckpointHandle:
         """Sharded: torch.distributed.checkpoint's asynchronous save, committed by the core in the background.
         Full: the core's snapshot-and-write (the full state dict is gathered now, on every rank)."""
-        key, model = fsdp_checkpoint.find_model(state, "save")
-        if model is None or self.state_dict_type == "full":
-            if model is None:
-                self.save_checkpoint(path, state, storage_options, filter)  # raises the explaining error
-            return super().save_checkpoint_async(path, state, storage_options, filter)
-        if filter is not None or storage_options is not None:
-            self.save_checkpoint(path, state, storage_options, filter)  # raises the explaining error
-        self.check_checkpoint_io(self.configured_checkpoint_io)
-        assert key is not None
-        return fsdp_checkpoint.save_sharded_async(self, path, key, model, state)
+        self._require_model(state)
+        return super().save_checkpoint_async(path, state, storage_options, filter)
 
     def dcp_stager(self) -> Any:
         """The stager asynchronous sharded saves copy into; kept so its CPU buffers are reused by the next save."""
@@ -489,16 +499,6 @@ class FSDPStrategy(ParallelStrategy):
 
             self._dcp_stager = DefaultStager(StagingOptions(False, False, False, False))
         return self._dcp_stager
-
-    def load_checkpoint(
-        self,
-        path: str | Path,
-        state: Module | Optimizer | dict[str, Any] | None = None,
-        strict: bool = True,
-        weights_only: bool | None = None,
-    ) -> dict[str, Any]:
-        """Restore the model and optimizers in place from a sharded directory, a full file or another format."""
-        return fsdp_checkpoint.load(self, path, state, strict, weights_only)
 
     def __repr__(self) -> str:
         return (

@@ -19,6 +19,7 @@ torch_xla is imported by :mod:`fabric_xla.runtime` and :mod:`fabric_xla.sharding
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
@@ -28,7 +29,7 @@ from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
 
-from fabric_core.io.state import Filter
+from fabric_core.io.format import FormatContext
 from fabric_core.strategies.base import BackwardSyncControl, Strategy, check_reduce_op
 from fabric_core.strategies.single_device import OneProcessCollectives, SingleDeviceStrategy
 from fabric_xla import runtime
@@ -138,21 +139,18 @@ class _XLAMixin:
         return output
 
     # ---------------------------------------------------------------------------------------- checkpoints
-    def convert_state(
-        self,
-        state: dict[str, Any],
-        filter: Filter | None = None,
-        module_state: Callable[[Module], dict[str, Any]] | None = None,
-        optimizer_state: Callable[[Optimizer], dict[str, Any]] | None = None,
-    ) -> dict[str, Any]:
-        """The state to write, as CPU tensors (sharded ones whole) on the global rank 0, the only one writing.
+    def checkpoint_context(self) -> FormatContext:
+        """The core's context, whose conversion hands the state to write as CPU tensors (sharded ones whole), in
+        one transfer, on the global rank 0, the only one writing.
 
         The other replicas keep their device tensors: copying a model into host memory once per replica would
-        only cost memory. The core's ``save_checkpoint`` (rank 0 writes, crash-safely) and
-        ``save_checkpoint_async`` then work unchanged.
+        only cost memory. The core's single-file format (rank 0 writes, crash-safely; synchronous or
+        asynchronous) then works unchanged.
         """
-        converted = super().convert_state(state, filter, module_state, optimizer_state)  # type: ignore[misc]
-        return runtime.to_cpu(converted) if self.is_global_zero else converted  # type: ignore[attr-defined]
+        context = super().checkpoint_context()  # type: ignore[misc]
+        if not self.is_global_zero:  # type: ignore[attr-defined]
+            return context
+        return dataclasses.replace(context, prepare_for_writing=runtime.to_cpu)
 
     # ---------------------------------------------------------------------------------------- collectives
     def validate_reduce_op(self, reduce_op: str | Any) -> str:

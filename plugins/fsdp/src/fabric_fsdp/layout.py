@@ -1,4 +1,4 @@
-"""The on-disk layout of a sharded FSDP checkpoint, recognisable without importing torch.
+"""The on-disk layout of a sharded FSDP checkpoint, recognisable without importing torch (or fabric-core's io).
 
 A **sharded** checkpoint is a directory::
 
@@ -19,7 +19,10 @@ position, as ``Optimizer.state_dict()`` writes it), so any strategy can read it.
 from __future__ import annotations
 
 import os
-from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fabric_core.io.location import CheckpointLocation
 
 #: DCP's index file, present in every DCP checkpoint directory.
 DCP_METADATA = ".metadata"
@@ -30,25 +33,22 @@ FORMAT_KEY = "__fabric_fsdp__"
 FORMAT_VERSION = 1
 
 
-def sharded_location(path: str | os.PathLike) -> str | Path | None:
+def sharded_location(path: CheckpointLocation | str | os.PathLike) -> CheckpointLocation | None:
     """Where the files of the sharded checkpoint at ``path`` are, or ``None`` when it is not one.
 
     Locally that is ``path`` itself: a directory holding a DCP index and our ``meta.pt``. At a URL (an object
-    store) it is the committed version the core's marker names (:func:`fabric_core.io.commit.committed_version`).
+    store) it is the committed version the core's marker names (:func:`fabric_core.io.commit.committed_folder`).
     """
-    from fabric_core.io import remote
+    from fabric_core.io.commit import committed_folder
+    from fabric_core.io.location import CheckpointLocation
 
-    if remote.is_url(path):
-        from fabric_core.io.commit import committed_version
-
-        location = committed_version(str(path))
-        fs, inner = remote.filesystem(location)
-        base = inner.rstrip("/")
-        return location if fs.exists(f"{base}/{DCP_METADATA}") and fs.exists(f"{base}/{META_FILE}") else None
-    path = Path(remote.local_path(path))
-    return path if path.is_dir() and (path / DCP_METADATA).is_file() and (path / META_FILE).is_file() else None
+    location = CheckpointLocation.of(path)
+    if not location.is_url and not location.is_dir():
+        return None
+    location = committed_folder(location)
+    return location if location.child(DCP_METADATA).is_file() and location.child(META_FILE).is_file() else None
 
 
-def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
+def is_sharded_checkpoint(path: CheckpointLocation | str | os.PathLike) -> bool:
     """True for a sharded FSDP checkpoint (a local directory, or a committed folder at a URL)."""
     return sharded_location(path) is not None

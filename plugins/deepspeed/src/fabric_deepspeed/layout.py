@@ -20,7 +20,10 @@ layout without that record; it is read as well (the model then sits under ``"mod
 from __future__ import annotations
 
 import os
-from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fabric_core.io.location import CheckpointLocation
 
 #: The file naming the tag (sub-directory) of the newest checkpoint in the directory.
 LATEST = "latest"
@@ -32,38 +35,43 @@ FORMAT_VERSION = 1
 MODEL_STATES_SUFFIX = "model_states.pt"
 
 
-def read_tag(path: str | os.PathLike) -> str | None:
+def read_tag(path: CheckpointLocation | str | os.PathLike) -> str | None:
     """The tag written in ``path/latest``, or ``None`` when there is no readable one."""
+    from fabric_core.io.location import CheckpointLocation
+
     try:
-        tag = (Path(path) / LATEST).read_text(encoding="utf-8").strip()
+        with CheckpointLocation.of(path).child(LATEST).open("rb") as file:
+            tag = file.read(4096).decode("utf-8").strip()
     except (OSError, UnicodeDecodeError):
         return None
     return tag if tag and "/" not in tag and tag not in (".", "..") else None
 
 
-def model_states_files(path: str | os.PathLike, tag: str) -> list[Path]:
+def model_states_files(path: CheckpointLocation | str | os.PathLike, tag: str) -> list[CheckpointLocation]:
     """The model-states files of ``tag`` in ``path``, sorted (stage 0-2: one; stage 3: one per rank)."""
-    folder = Path(path) / tag
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return []
-    return sorted(folder / n for n in names if n.endswith(MODEL_STATES_SUFFIX))
+    from fabric_core.io.location import CheckpointLocation
+
+    folder = CheckpointLocation.of(path).child(tag)
+    return [folder.child(n) for n in folder.listdir() if n.endswith(MODEL_STATES_SUFFIX)]
 
 
-def is_deepspeed_checkpoint(path: str | os.PathLike) -> bool:
-    """True for a directory with a ``latest`` file whose tag folder holds DeepSpeed model-states files."""
-    path = Path(path)
-    if not path.is_dir():
+def is_deepspeed_checkpoint(path: CheckpointLocation | str | os.PathLike) -> bool:
+    """True for a folder (local or at a URL) with a ``latest`` file whose tag folder holds model-states files."""
+    from fabric_core.io.location import CheckpointLocation
+
+    location = CheckpointLocation.of(path)
+    if not location.is_dir():
         return False
-    tag = read_tag(path)
-    return tag is not None and bool(model_states_files(path, tag))
+    tag = read_tag(location)
+    return tag is not None and bool(model_states_files(location, tag))
 
 
-def tag_folder_parent(path: str | os.PathLike) -> Path | None:
-    """When ``path`` is the tag folder *inside* a DeepSpeed checkpoint, the checkpoint directory; else ``None``."""
-    path = Path(path)
-    parent = path.parent
-    if path.is_dir() and is_deepspeed_checkpoint(parent) and read_tag(parent) == path.name:
+def tag_folder_parent(path: CheckpointLocation | str | os.PathLike) -> CheckpointLocation | None:
+    """When ``path`` is the tag folder *inside* a DeepSpeed checkpoint, the checkpoint folder; else ``None``."""
+    from fabric_core.io.location import CheckpointLocation
+
+    location = CheckpointLocation.of(path)
+    parent = location.parent
+    if location.is_dir() and is_deepspeed_checkpoint(parent) and read_tag(parent) == location.name:
         return parent
     return None
