@@ -62,8 +62,7 @@ SINGLE_READER = textwrap.dedent(
     sys.path.insert(0, sys.argv[2])
     import torch
     from fabric_core import Fabric
-    from fabric_core import registry as registry_module
-    from fabric_core.hookspecs import hookimpl
+    from fabric_core.plugins import build_registry, hookimpl, set_registry
     from fabric_mything.checkpoint import PerRankFormat
 
     class Plugin:  # what fabric_mything/register.py would hold
@@ -71,7 +70,7 @@ SINGLE_READER = textwrap.dedent(
         def fabric_select_checkpoint_reader(self, path):
             return PerRankFormat(0).read if PerRankFormat(0).recognises(path) else None
 
-    registry_module._registry = registry_module.build_registry(extra_plugins=(Plugin(),))
+    set_registry(build_registry(extra_plugins=(Plugin(),)))
     fabric = Fabric(accelerator="cpu", devices=1)
     model = torch.nn.Linear(4, 2)
     remainder = fabric.load(sys.argv[3], {"model": model})
