@@ -71,6 +71,47 @@ def test_a_killed_save_keeps_the_previous_checkpoint_and_the_next_save_removes_i
     assert fabric.load(target)["step"] == 3
 
 
+LOOP_SAVER = textwrap.dedent(
+    """
+    import sys
+    import torch
+    from fabric_core import Fabric
+    fabric = Fabric(accelerator="cpu", devices=1)
+    w = torch.randn(int(sys.argv[2]) * 1024 * 1024 // 4)
+    step = 0
+    while True:
+        step += 1
+        fabric.save(sys.argv[1], {"step": step, "w": w})
+        print(step, flush=True)  # this save returned
+    """
+)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_a_kill_at_a_random_moment_never_loses_a_save_that_returned(tmp_path, signum):
+    """A process saving in a loop is killed at random moments: the checkpoint at the path is always complete and
+    never older than the last save that returned; the next save leaves nothing hidden behind."""
+    import random
+
+    script = tmp_path / "loop.py"
+    script.write_text(LOOP_SAVER)
+    target = tmp_path / "ckpt" / "last.ckpt"
+    rng = random.Random(int(signum))
+    for attempt in range(6):
+        saver = subprocess.Popen([sys.executable, str(script), str(target), "8"], stdout=subprocess.PIPE, text=True)
+        assert saver.stdout.readline().strip() == "1"  # at least one save returned
+        time.sleep(rng.uniform(0.0, 0.4))
+        os.kill(saver.pid, signum)
+        rest = saver.stdout.read().split()
+        saver.wait(timeout=30)
+        last_returned = int(rest[-1]) if rest else 1
+        on_disk = torch.load(target, weights_only=True)["step"]  # complete: a torn file would not load
+        assert on_disk >= last_returned, (attempt, on_disk, last_returned)
+    fabric = Fabric(accelerator="cpu", devices=1)
+    fabric.save(target, {"step": 0}).wait()
+    assert [p.name for p in target.parent.iterdir()] == ["last.ckpt"]
+
+
 def test_a_live_writers_temp_is_never_removed(tmp_path):
     """Another process saving the same path right now holds its temp's lock: a save here leaves it alone."""
     target = tmp_path / "shared.ckpt"

@@ -5,6 +5,7 @@
   receives from its strategy; :mod:`~fabric_core.io.single_file`: the default format;
 * :mod:`~fabric_core.io.commit`: crash-safe single files and multi-rank folders (:mod:`~fabric_core.io.remote` for
   object stores, :mod:`~fabric_core.io.coordination` for the ranks' votes);
+* :func:`lazy_load` (:mod:`~fabric_core.io.lazy`): open a big checkpoint file with tensors read on access;
 * :mod:`~fabric_core.io.state`: the walk over a user's state; :mod:`~fabric_core.io.checkpoint_io`: the
   reference's ``CheckpointIO`` plugin type; :mod:`~fabric_core.io.background`: what finishes after the call.
 """
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from fabric_core.io.commit import atomic_save
     from fabric_core.io.errors import CheckpointPathError, CheckpointReadError
     from fabric_core.io.format import CheckpointFormat, FormatContext
+    from fabric_core.io.lazy import lazy_load
     from fabric_core.io.location import CheckpointLocation
 
 __all__ = [
@@ -31,6 +33,7 @@ __all__ = [
     "FormatContext",
     "TorchCheckpointIO",
     "atomic_save",
+    "lazy_load",
 ]
 
 # Imported on first use: recognising a checkpoint by its location must not import torch.
@@ -46,5 +49,6 @@ __getattr__, __dir__ = lazy_exports(
         "FormatContext": "fabric_core.io.format",
         "TorchCheckpointIO": "fabric_core.io.checkpoint_io",
         "atomic_save": "fabric_core.io.commit",
+        "lazy_load": "fabric_core.io.lazy",
     },
 )
