@@ -81,7 +81,9 @@ def _run_section(section: Section, mode: str, lightning: bool, options: dict[str
         return section.run(ctx)
     payload = {"mode": mode, "config": dict(cfg), "variants": list(variants), "options": options}
     return run_child(
-        ["-m", "benchmarks", "--child", section.name, json.dumps(payload)], timeout=section.timeout_s
+        ["-m", "benchmarks", "--child", section.name, json.dumps(payload)],
+        timeout=section.timeout_s,
+        echo=True,
     )
 
 

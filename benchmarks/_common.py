@@ -14,6 +14,8 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -159,16 +161,43 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def run_child(args: Sequence[str], *, timeout: float, env: dict[str, str] | None = None) -> Any:
-    """Run ``python <args>`` in a fresh interpreter and return the JSON it emitted; errors carry its stderr."""
+def run_child(
+    args: Sequence[str], *, timeout: float, env: dict[str, str] | None = None, echo: bool = False
+) -> Any:
+    """Run ``python <args>`` in a fresh interpreter and return the JSON it emitted; errors carry its stderr.
+
+    ``echo=True`` passes the child's stderr (its progress lines) through to ours as it comes.
+    """
     cmd = [sys.executable, *args]
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, env=env or child_env(), cwd=REPO_ROOT
-    )
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout)[-3000:]
-        raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}:\n{tail}")
-    return parse_result(proc.stdout)
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.PIPE, text=True, env=env or child_env(), cwd=REPO_ROOT
+        )
+        tail: list[str] = []
+
+        def read_stderr() -> None:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                if echo:
+                    print(line, end="", flush=True)
+                tail.append(line)
+                del tail[:-60]
+
+        reader = threading.Thread(target=read_stderr, daemon=True)
+        reader.start()
+        try:
+            returncode = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+        finally:
+            reader.join(10)
+        out.seek(0)
+        stdout = out.read()
+    if returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited with {returncode}:\n{(''.join(tail) or stdout)[-3000:]}")
+    return parse_result(stdout)
 
 
 #: Variables a job must not inherit from the harness's environment: each launcher applies its own defaults.
