@@ -59,6 +59,11 @@ def parse_args(argv: list[str] | None, names: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--ckpt-dir", default=None, help="where checkpoint files are written (default: the system temp dir)"
     )
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the other sections' results from --out (same mode) and replace only the ones run now",
+    )
     p.add_argument("--child", nargs=2, metavar=("SECTION", "CONTEXT_JSON"), help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -99,6 +104,31 @@ def _child(name: str, payload: str) -> int:
     )
     emit(by_name(name).run(ctx))
     return 0
+
+
+def _merge_earlier(results: dict[str, Any], out: Path, names: list[str]) -> None:
+    """``--merge``: take the sections this run did not measure from the earlier results at ``out``.
+
+    Only results of the same schema and mode are merged; each kept section keeps its ``measured_at`` (the report
+    says when it was measured), and the machine facts are this run's.
+    """
+    try:
+        earlier = json.loads(out.read_text())
+    except (OSError, ValueError):
+        _log(f"--merge: no earlier results at {out}; writing this run's sections only")
+        return
+    if earlier.get("schema") != SCHEMA or earlier.get("mode") != results["mode"]:
+        _log(f"--merge: {out} holds a different schema or mode ({earlier.get('mode')}); not merged")
+        return
+    kept = []
+    for name, res in earlier.get("sections", {}).items():
+        if name in names and name not in results["sections"]:
+            res.setdefault("measured_at", earlier.get("created"))
+            results["sections"][name] = res
+            results["config"][name] = earlier.get("config", {}).get(name)
+            kept.append(name)
+    results["merged"] = kept
+    _log(f"--merge: kept {', '.join(kept) or 'no sections'} from {out}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as err:  # one broken section must not hide the others
             res = {"status": "error", "reason": f"{type(err).__name__}: {err}"[-4000:]}
         res["elapsed_s"] = round(time.time() - t0, 1)
+        res["measured_at"] = results["created"]
         results["sections"][section.name] = res
         _log(
             f"  -> {res['status']} in {res['elapsed_s']} s"
@@ -161,14 +192,17 @@ def main(argv: list[str] | None = None) -> int:
         load = None
     results["machine"]["loadavg_at_end"] = load
     results["elapsed_s"] = round(time.time() - started, 1)
-    results["targets"] = evaluate_targets(results, chosen)
-
     out = Path(args.out)
+    if args.merge:
+        _merge_earlier(results, out, names)
+    present = [s for s in sections if s.name in results["sections"]]
+    results["targets"] = evaluate_targets(results, present)
+
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1) + "\n")
     _log(f"wrote {out}")
     if args.md:
-        write_markdown(Path(args.md), results, chosen)
+        write_markdown(Path(args.md), results, present)
         _log(f"updated {args.md}")
     _log(render_summary(results))
     return 0

@@ -167,6 +167,8 @@ def render_markdown(results: dict[str, Any], sections: Sequence[Section]) -> str
         if res and res.get("status") == "ok":
             try:
                 lines += [section.render(res, ctx).rstrip(), ""]
+                if res.get("measured_at") not in (None, results["created"]):
+                    lines += [f"(Measured in the run of {res['measured_at']}, kept by `--merge`.)", ""]
             except Exception as err:  # one broken renderer must not lose the others' report
                 lines += [f"### {section.name}", "", f"(rendering failed: {type(err).__name__}: {err})", ""]
     other = [(k, v) for k, v in secs.items() if v.get("status") != "ok"]

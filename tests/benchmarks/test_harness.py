@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # `benchmarks` is a folder of the repository, not an installed package
     sys.path.insert(0, str(REPO))
 
-from benchmarks.__main__ import _run_section  # noqa: E402
+from benchmarks.__main__ import SCHEMA, _merge_earlier, _run_section  # noqa: E402
 from benchmarks._common import summarize  # noqa: E402
 from benchmarks.report import BEGIN, END, evaluate_target, render_markdown, write_markdown  # noqa: E402
 from benchmarks.section import RenderContext, RunContext, Section, Target  # noqa: E402
@@ -132,3 +133,34 @@ def test_skipped_sections_say_why() -> None:
         _results(section, {"status": "skipped", "reason": "not run in --quick mode"}), [section]
     )
     assert "- `made_up`: skipped: not run in --quick mode" in md
+
+
+def test_merge_keeps_the_sections_not_run_now(tmp_path: Path) -> None:
+    out = tmp_path / "latest.json"
+    earlier = {
+        "schema": SCHEMA,
+        "mode": "full",
+        "created": "monday",
+        "config": {"a": {"n": 1}, "b": {"n": 2}},
+    }
+    earlier["sections"] = {"a": {"status": "ok", "v": "old"}, "b": {"status": "ok", "v": "kept"}, "gone": {}}
+    out.write_text(json.dumps(earlier))
+    now = {"mode": "full", "created": "tuesday", "config": {"a": {"n": 1}}}
+    now["sections"] = {"a": {"status": "ok", "v": "new", "measured_at": "tuesday"}}
+    _merge_earlier(now, out, ["a", "b"])  # "gone" is no longer a section: dropped
+    assert now["sections"] == {
+        "a": {"status": "ok", "v": "new", "measured_at": "tuesday"},
+        "b": {"status": "ok", "v": "kept", "measured_at": "monday"},
+    }
+    assert now["config"]["b"] == {"n": 2} and now["merged"] == ["b"]
+    quick = {"mode": "quick", "created": "tuesday", "config": {}, "sections": {}}
+    _merge_earlier(quick, out, ["a", "b"])  # another mode's numbers are never mixed in
+    assert quick["sections"] == {}
+
+
+def test_a_kept_section_says_when_it_was_measured() -> None:
+    section = _section()
+    res = {"status": "ok", "ratios": {}, "n": 1, "measured_at": "monday"}
+    assert "(Measured in the run of monday, kept by `--merge`.)" in render_markdown(
+        _results(section, res), [section]
+    )
