@@ -28,7 +28,7 @@ from fabric_core.io.background import CheckpointHandle
 from fabric_core.io.location import CheckpointLocation
 from fabric_core.io.retention import prune, series_pattern
 from fabric_core.io.state import is_stateful
-from fabric_core.loggers.base import Logger
+from fabric_core.loggers.base import REQUIRED_MEMBERS, Logger, finalize_logger, missing_members
 from fabric_core.strategies.base import Strategy
 from fabric_core.utilities.apply import apply_to_collection, convert_tensors_to_scalars, convert_to_tensors
 from fabric_core.utilities.rank_zero import PossibleUserWarning, rank_zero_warn
@@ -62,8 +62,9 @@ class Fabric:
         precision: ``"32-true"`` (default), ``"64-true"``, ``"16-true"``, ``"bf16-true"``, ``"16-mixed"``,
             ``"bf16-mixed"`` (with fabric-amp), or the legacy ``32``, ``64``, ``16``, ``"bf16"``.
         plugins: a Precision, ClusterEnvironment or CheckpointIO object, or a list of them.
-        callbacks: objects whose methods :meth:`call` invokes by name.
-        loggers: one logger or a list of loggers used by :meth:`log` and :meth:`log_dict`.
+        callbacks: any objects (or a list of them) whose methods :meth:`call` invokes by name.
+        loggers: one logger or a list of loggers used by :meth:`log` and :meth:`log_dict`: any object with the
+            reference's ``Logger`` members (``name``, ``version``, ``log_metrics``, ``log_hyperparams``).
     """
 
     def __init__(
@@ -76,7 +77,7 @@ class Fabric:
         precision: str | int | None = None,
         plugins: Any = None,
         callbacks: Any = None,
-        loggers: Logger | list[Logger] | None = None,
+        loggers: Any = None,
     ) -> None:
         resolved = connector.resolve(
             accelerator=accelerator,
@@ -89,7 +90,7 @@ class Fabric:
         self._accelerator = resolved.accelerator
         self._strategy = resolved.strategy
         self._precision = resolved.precision
-        self._callbacks: list[Any] = _as_list(callbacks, "callbacks", _callback_complaint)
+        self._callbacks: list[Any] = _as_list(callbacks, "callbacks", lambda _: None)
         self._loggers: list[Logger] = _as_list(loggers, "loggers", _logger_complaint)
         self._models_setup = 0
         self._launched = False
@@ -205,8 +206,20 @@ class Fabric:
         from fabric_core.utilities.data import capture_init_arguments
 
         self._strategy.setup_environment()
-        with capture_init_arguments():
-            return to_run(*args, **kwargs)
+        try:
+            with capture_init_arguments():
+                return to_run(*args, **kwargs)
+        except BaseException as err:
+            # The run failed: trackers mark it failed now (a spawned process never runs atexit handlers).
+            if not (isinstance(err, SystemExit) and err.code in (0, None)):
+                for logger_error in self._finalize_loggers("failed"):
+                    err.add_note(f"Finalizing a logger failed as well: {type(logger_error).__name__}: {logger_error}")
+            raise
+
+    def _finalize_loggers(self, status: str) -> list[Exception]:
+        """Finalize every logger (those without ``finalize`` are skipped); returns the errors they raised."""
+        errors = [finalize_logger(logger, status) for logger in self._loggers]
+        return [err for err in errors if err is not None]
 
     def _validate_launched(self) -> None:
         if not self._launched and self._strategy.requires_launch:
@@ -223,9 +236,10 @@ class Fabric:
         a script: the process group is released at interpreter exit anyway. Calling it twice is harmless;
         collectives after it raise.
         """
-        for logger in self._loggers:
-            logger.finalize("success")
+        errors = self._finalize_loggers("success")
         self._strategy.teardown()
+        if errors:
+            raise errors[0]
 
     # ------------------------------------------------------------------------------------------------ setup
     def setup(
@@ -604,6 +618,9 @@ class Fabric:
             self._strategy.save_checkpoint(path=location, state=unwrapped, filter=filter)
         if keep_last is not None and self.is_global_zero:
             background.submit(location, partial(prune, location, keep_last))  # after this save: work runs in order
+        for logger in self._loggers:
+            if isinstance(logger, Logger):  # an optional hook of our base class (loggers by interface lack it)
+                logger.checkpoint_saved(str(location))
         self._strategy.barrier()
         return handle if handle is not None else background.handle(location)
 
@@ -712,16 +729,21 @@ def _as_list(value: Any, kind: str, check: Callable[[Any], str | None]) -> list[
 
 
 def _logger_complaint(item: Any) -> str | None:
-    if isinstance(item, Logger):
-        return None
-    if isinstance(item, type) and issubclass(item, Logger):
-        return f"pass an instance, e.g. `{item.__name__}(root_dir=...)`, not the class."
-    return "a logger must be a `fabric_core.loggers.Logger` (such as `CSVLogger` or `TensorBoardLogger`)."
-
-
-def _callback_complaint(item: Any) -> str | None:
+    """Loggers are accepted by interface (as the reference does): any object with its abstract members."""
     if isinstance(item, type):
-        return f"pass an instance, e.g. `{item.__name__}()`, not the class."
+        if not missing_members(item):
+            return f"pass an instance, e.g. `{item.__name__}(...)`, not the class."
+        return "a logger is an instance of a logger class, such as `fabric_core.loggers.CSVLogger(root_dir=...)`."
+    missing = missing_members(item)
+    if not missing:
+        return None
     if isinstance(item, (str, bytes, int, float, bool, dict)) or item is None:
-        return "a callback is an object whose methods `fabric.call(name, ...)` invokes by name."
-    return None
+        return (
+            "a logger is an object such as `fabric_core.loggers.CSVLogger(root_dir=...)`, or any object with"
+            f" {', '.join(f'`{m}`' for m in REQUIRED_MEMBERS)}."
+        )
+    return (
+        f"{type(item).__name__} has no {', '.join(f'`{m}`' for m in missing)}. A logger needs the members of the"
+        f" reference's Logger interface: {', '.join(f'`{m}`' for m in REQUIRED_MEMBERS)} (subclass"
+        " `fabric_core.loggers.Logger` to get defaults for the rest)."
+    )

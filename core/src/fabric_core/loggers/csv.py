@@ -14,10 +14,10 @@ import torch
 
 from fabric_core.loggers.base import (
     Logger,
-    _add_prefix,
     _next_version,
-    _params_to_dict,
     _version_folder,
+    add_prefix,
+    params_to_dict,
     rank_zero_experiment,
 )
 from fabric_core.utilities.rank_zero import rank_zero_only, rank_zero_warn
@@ -197,11 +197,11 @@ class CSVLogger(Logger):
     @rank_zero_only
     def log_hyperparams(self, params: dict[str, Any] | Namespace | None, *args: Any, **kwargs: Any) -> None:
         """Merge ``params`` into ``hparams.json`` (see the class docstring for why this differs from Lightning)."""
-        self.experiment.log_hparams(_params_to_dict(params))
+        self.experiment.log_hparams(params_to_dict(params))
 
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
-        metrics = _add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR)
+        metrics = add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR)
         if step is None:
             step = self._auto_step
         self._auto_step += 1

@@ -6,7 +6,6 @@ import importlib.util
 import os
 from argparse import Namespace
 from collections.abc import Mapping
-from dataclasses import asdict, is_dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -14,10 +13,11 @@ from torch import nn
 
 from fabric_core.loggers.base import (
     Logger,
-    _add_prefix,
     _next_version,
-    _params_to_dict,
     _version_folder,
+    add_prefix,
+    flatten_params,
+    params_to_dict,
     rank_zero_experiment,
 )
 from fabric_core.utilities.rank_zero import get_rank, rank_zero_only, rank_zero_warn
@@ -34,33 +34,6 @@ def _require_tensorboard() -> None:
     """Fail at construction time, not at the first log call minutes into training."""
     if importlib.util.find_spec("tensorboard") is None:
         raise ModuleNotFoundError(_INSTALL_HINT)
-
-
-def _flatten(params: Mapping[str, Any], separator: str = "/", parent: str = "") -> dict[str, Any]:
-    """Flatten nested configs into ``a/b/c`` keys, the only shape TensorBoard's hparams view understands.
-
-    Dicts, Namespaces and dataclass instances are descended into; lists and tuples only when they contain
-    such containers (their items get the index as key, e.g. ``layers/0/width``).
-    """
-    flat: dict[str, Any] = {}
-    for key, value in params.items():
-        full_key = f"{parent}{separator}{key}" if parent else str(key)
-        value = _as_mapping(value)
-        if isinstance(value, Mapping):
-            flat.update(_flatten(value, separator, full_key))
-        elif isinstance(value, (list, tuple)) and any(isinstance(_as_mapping(v), Mapping) for v in value):
-            flat.update(_flatten({str(i): v for i, v in enumerate(value)}, separator, full_key))
-        else:
-            flat[full_key] = value
-    return flat
-
-
-def _as_mapping(value: Any) -> Any:
-    if isinstance(value, Namespace):
-        return vars(value)
-    if is_dataclass(value) and not isinstance(value, type):
-        return asdict(value)
-    return value
 
 
 def _sanitize(value: Any) -> bool | int | float | str:
@@ -174,7 +147,7 @@ class TensorBoardLogger(Logger):
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         """Scalars go to ``add_scalar``; a dict value groups several curves in one chart via ``add_scalars``."""
-        metrics = _add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR)
+        metrics = add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR)
         for key, value in metrics.items():
             try:
                 if isinstance(value, torch.Tensor):
@@ -201,7 +174,7 @@ class TensorBoardLogger(Logger):
         The tab only lists runs that have at least one metric, hence the ``hp_metric`` placeholder. With
         ``default_hp_metric=False`` and no ``metrics`` nothing is written.
         """
-        flat = {key: _sanitize(value) for key, value in _flatten(_params_to_dict(params)).items()}
+        flat = {key: _sanitize(value) for key, value in flatten_params(params_to_dict(params)).items()}
         if metrics is None:
             metrics = {"hp_metric": -1} if self._default_hp_metric else {}
         elif not isinstance(metrics, Mapping):
