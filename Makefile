@@ -4,15 +4,22 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # core first, then every plugin distribution (each has its own pyproject.toml); new plugins join this list.
-DISTS := core plugins/ddp plugins/amp plugins/fsdp plugins/deepspeed plugins/xla
+DISTS := core plugins/ddp plugins/amp plugins/fsdp plugins/deepspeed plugins/xla plugins/wandb plugins/mlflow
 STAMP := $(VENV)/.installed
 PYTEST_WORKERS ?= 2
 # Test-only packages installed without their dependencies, so pip cannot replace the pinned torch: torchdata
 # (StatefulDataLoader, for the data tests) needs only torch from its declared requests/urllib3/torch.
 NO_DEPS_DEV := torchdata==0.11.0
+# The `lightning` package, only for the test that passes the wandb SDK's own Fabric logger (which imports it) to our
+# Fabric: installed into a folder of its own (tests put it on PYTHONPATH), because it also installs a `fabric` script
+# that would replace ours; without its dependencies, so pip cannot touch torch.
+LIGHTNING_SITE := $(VENV)/lightning-site
+LIGHTNING_SITE_PACKAGES := lightning==2.6.6 lightning-utilities==0.15.3 torchmetrics==1.9.0
 # plugins/deepspeed depends on deepspeed==0.19.8, an sdist: pip builds it here without build isolation against the
 # pinned CPU torch (a pure-Python wheel, no ops compiled; about 10 s) and, since torch is already satisfied, pulls no
-# CUDA torch. The check after the install fails the setup if anything brought CUDA packages or replaced torch.
+# CUDA torch. plugins/wandb and plugins/mlflow bring wandb and the MLflow client (the full `mlflow`, for the tests'
+# tracking server, comes from requirements-dev.txt); neither depends on torch. The check after the install fails the
+# setup if anything brought CUDA packages or replaced torch.
 CHECK_TORCH := import importlib.metadata as m, re, torch; \
 	pin = re.search(r'^torch==(\S+)', open('requirements-dev.txt').read(), re.M).group(1); \
 	cuda = sorted(d.metadata['Name'] for d in m.distributions() if d.metadata['Name'].lower().startswith(('nvidia-', 'triton'))); \
@@ -25,6 +32,7 @@ $(STAMP): requirements-dev.txt $(foreach d,$(DISTS),$(d)/pyproject.toml) Makefil
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements-dev.txt
 	$(BIN)/python -m pip install --quiet --no-deps $(NO_DEPS_DEV)
+	$(BIN)/python -m pip install --quiet --no-deps --upgrade --target $(LIGHTNING_SITE) $(LIGHTNING_SITE_PACKAGES)
 	$(BIN)/python -m pip install --quiet --no-build-isolation $(foreach d,$(DISTS),-e $(d))
 	$(BIN)/python -c "$(CHECK_TORCH)"
 	touch $(STAMP)
