@@ -139,5 +139,5 @@ def test_the_wandb_sdks_own_fabric_logger_is_accepted(tmp_path):
     assert json.loads((tmp_path / "rank0.json").read_text())["logger"] == "WandbLogger"
     (path,) = run_files(save_dir)
     summary, records = inspect_run(path)
-    assert summary["project"] == "sdk" and summary["config"]["lr"] == 0.1
+    assert summary["project"] == "sdk" and summary["config"]["lr"] == 0.1, (summary, records[:3])
     assert [row["trainer/global_step"] for row in history(records) if "loss" in row] == [0, 1, 2]
