@@ -41,10 +41,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
-from tqdm import tqdm
 
 from fabric_core import Fabric
 from fabric_core.loggers import CSVLogger, TensorBoardLogger
+from fabric_core.utilities.progress import ProgressBar
 
 # Pure-Python standard-library modules that exist as single files on every supported Python (3.10+).
 CORPUS_MODULES = (
@@ -193,9 +193,8 @@ def main(fabric: Fabric, args: argparse.Namespace) -> dict[str, Any]:
 
     model.train()
     step, loss_value, batches = 0, float("nan"), iter(train_loader)
-    bar = tqdm(
-        total=args.max_steps, desc="train", unit="step", disable=not fabric.is_global_zero, mininterval=1.0
-    )
+    # Shown by rank 0 only: a bar in a terminal, a line every 30 s in a log file.
+    bar = ProgressBar(total=args.max_steps, desc="train", unit="step", items_unit="tokens")
     start = time.perf_counter()
     while step < args.max_steps:
         for group in optimizer.param_groups:
@@ -229,8 +228,7 @@ def main(fabric: Fabric, args: argparse.Namespace) -> dict[str, Any]:
                 },
                 step=step,
             )
-        bar.set_postfix(loss=f"{loss_value:.3f}", refresh=False)
-        bar.update(1)
+        bar.update(loss=loss_value, items=tokens_per_step)
     elapsed = time.perf_counter() - start
     bar.close()
 

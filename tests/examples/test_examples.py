@@ -109,6 +109,10 @@ def check_demo_run(output: str, out_dir: Path, world_size: int) -> None:
     matches = list(DEMO_FINAL.finditer(output))
     assert len(matches) == 1, f"expected one final line (from rank 0 only), got {len(matches)}:\n{output}"
     final = matches[0]
+    # The progress bar (rank 0 only; plain lines, as the output is not a terminal): a first and a closing line.
+    progress = [line for line in output.splitlines() if line.startswith("train step ")]
+    assert len(progress) == 2 and progress[0].startswith("train step 1/4 (25%) | loss "), progress
+    assert progress[1].startswith("train step 4/4 (100%) | loss ") and "tokens/s (average)" in progress[1], progress
     loss = float(final["loss"])
     assert math.isfinite(loss) and 0 < loss < 8, loss  # uniform guessing over 256 bytes is ln(256) = 5.55
     assert int(final["tps"]) > 0
