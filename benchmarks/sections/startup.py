@@ -6,7 +6,8 @@ is CPU work on files the page cache already holds) and in wall seconds; the harn
 (interpreter start and exit included), which is what a user waits for. Whatever plugins are installed in the
 environment are discovered as usual, so the number includes their registration cost. With fabric-deepspeed
 installed, the child also reports how many ``deepspeed`` modules it imported (the plugin promises none until a
-DeepSpeed strategy sets up its processes).
+DeepSpeed strategy sets up its processes), and how many ``wandb`` and ``mlflow`` modules (fabric-wandb and
+fabric-mlflow promise none until their logger is used).
 """
 
 from __future__ import annotations
@@ -47,8 +48,12 @@ print({prefix!r} + json.dumps({{
     "imports_dynamo": "torch._dynamo" in sys.modules,
     "imports_sympy": "sympy" in sys.modules,
     "deepspeed_modules": sum(m == "deepspeed" or m.startswith("deepspeed.") for m in sys.modules),
+    "tracker_modules": {{t: sum(m == t or m.startswith(t + ".") for m in sys.modules) for t in {trackers!r}}},
 }}), flush=True)
 """
+
+#: Experiment trackers whose plugins must not be imported by a `Fabric(...)` that does not use them.
+TRACKERS = ("wandb", "mlflow")
 
 BODIES = {
     RAW: "pass",
@@ -58,7 +63,7 @@ BODIES = {
 
 
 def _run_once(variant: str) -> dict[str, Any]:
-    code = _CHILD.format(body=BODIES[variant], prefix=RESULT_PREFIX)
+    code = _CHILD.format(body=BODIES[variant], prefix=RESULT_PREFIX, trackers=TRACKERS)
     env = child_env()
     env.pop("FABRIC_CLI_USED", None)
     start = time.perf_counter()
@@ -97,6 +102,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
         # The plugins are discovered in every child; fabric-deepspeed must not make `Fabric(...)` import deepspeed.
         "deepspeed_installed": dist_version("deepspeed"),
         "fabric_deepspeed_installed": dist_version("fabric-deepspeed"),
+        "trackers_installed": {t: dist_version(f"fabric-{t}") for t in TRACKERS if dist_version(f"fabric-{t}")},
         "variants": {},
         "ratios": {},
         "wall_ratios": {},
@@ -115,6 +121,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
             "imports_dynamo": s[-1]["imports_dynamo"],
             "imports_sympy": s[-1]["imports_sympy"],
             "deepspeed_modules": max(r["deepspeed_modules"] for r in s),
+            "tracker_modules": {t: max(r["tracker_modules"][t] for r in s) for t in TRACKERS},
         }
         if v != RAW:
             out["ratios"][v] = paired_ratios([r["total_cpu_s"] for r in s], [r["total_cpu_s"] for r in raw])
@@ -143,10 +150,12 @@ def render(imp: dict[str, Any], ctx: RenderContext) -> str:
                 stat(e["process_seconds"]),
                 "yes" if e["imports_dynamo"] else "no",
                 str(e["deepspeed_modules"]) if "deepspeed_modules" in e else "–",
+                "/".join(str(n) for n in e["tracker_modules"].values()) if "tracker_modules" in e else "–",
             ]
         )
     header = ["variant", "after `import torch`", "CPU s (incl. torch)", "CPU ms added", "CPU ratio"]
     header += ["wall s", "wall ratio", "whole process wall s", "loads torch._dynamo", "deepspeed modules"]
+    header += ["/".join(TRACKERS) + " modules"]
     lines = ["### Import and construction (fresh interpreter per run)", "", *table(header, rows), ""]
     if imp.get("fabric_deepspeed_installed"):
         loaded = imp["variants"].get(OURS, {}).get("deepspeed_modules")
@@ -159,6 +168,12 @@ def render(imp: dict[str, Any], ctx: RenderContext) -> str:
                 else f" `Fabric(accelerator='cpu')` imported {loaded} `deepspeed` module(s)."
             )
         )
+    trackers = imp.get("trackers_installed") or {}
+    if trackers:
+        loaded = imp["variants"].get(OURS, {}).get("tracker_modules", {})
+        installed = ", ".join(f"fabric-{t} {v}" for t, v in trackers.items())
+        counts = ", ".join(f"{loaded.get(t, '?')} `{t}`" for t in trackers)
+        lines.append(f"With {installed} installed: `Fabric(accelerator='cpu')` imported {counts} module(s).")
     return "\n".join(lines)
 
 
