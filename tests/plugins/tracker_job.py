@@ -2,8 +2,8 @@
 
     python tracker_job.py CONFIG_JSON
 
-CONFIG keys: ``loggers`` (what ``Fabric(loggers=...)`` gets: a name, a list of names, or ``{"class": "pkg:Cls",
-"options": {...}}`` for an object built here), ``strategy``/``devices`` (default: one process), ``mode``
+CONFIG keys: ``loggers`` (what ``Fabric(loggers=...)`` gets: a name, ``{name: options}``, a list, or
+``{"class": "pkg:Cls", "options": {...}}`` for an object built here), ``strategy``/``devices`` (default: one process), ``mode``
 (``"script"``: ``fabric.launch()`` and the script continues in every rank; ``"function"``: ``fabric.launch(fn)``),
 ``steps``, ``fail_at`` (raise at that step, on ``fail_rank`` or every rank), ``checkpoint`` (a path to save to at
 the end), ``teardown`` (call ``fabric.teardown()``: the explicit end), ``out`` (where each rank writes what it saw).
@@ -24,7 +24,7 @@ from fabric_core import Fabric
 
 
 def build_loggers(spec):
-    if isinstance(spec, dict):
+    if isinstance(spec, dict) and "class" in spec:
         module, _, name = spec["class"].partition(":")
         return getattr(importlib.import_module(module), name)(**spec.get("options", {}))
     if isinstance(spec, list):

@@ -385,3 +385,77 @@ def resolve(
         # later shows up as a rendezvous that hangs.
         env.validate_settings(num_devices=len(device_list), num_nodes=num_nodes)
     return Resolved(accelerator_obj, strategy_obj, precision_obj, device_list, num_nodes)
+
+
+def resolve_loggers(loggers: Any) -> list[Any]:
+    """``Fabric(loggers=...)``: registered names, ``{name: options}`` mappings and logger objects, in the given order.
+
+    A name is built by its plugin (``target(**defaults, **options)``); an object is accepted by interface, as the
+    reference accepts it (:data:`fabric_core.loggers.base.REQUIRED_MEMBERS`). ``None`` means no logger.
+    """
+    from collections.abc import Mapping
+
+    items = [] if loggers is None else list(loggers) if isinstance(loggers, (list, tuple)) else [loggers]
+    resolved: list[Any] = []
+    for item in items:
+        if isinstance(item, str):
+            resolved.append(_logger_by_name(item, {}))
+        elif isinstance(item, Mapping):
+            for name, options in item.items():
+                if not isinstance(name, str) or not (options is None or isinstance(options, Mapping)):
+                    raise TypeError(
+                        f"`Fabric(loggers=...)` got {{{name!r}: {options!r}}}: options go as {{name: {{option: value}}}},"
+                        " e.g. `loggers={'wandb': {'project': 'lm'}}`."
+                    )
+                resolved.append(_logger_by_name(name, dict(options or {})))
+        else:
+            complaint = _logger_complaint(item)
+            if complaint:
+                raise TypeError(f"`Fabric(loggers=...)` got {item!r}: {complaint}")
+            resolved.append(item)
+    return resolved
+
+
+def _logger_by_name(name: str, options: dict[str, Any]) -> Any:
+    import inspect
+
+    registry = get_registry()
+    try:
+        entry = registry.get("logger", name.strip())
+    except ValueError as err:
+        raise ValueError(f"`Fabric(loggers=...)` got {name!r}: {err}") from None
+    cls = entry.load()  # a tracker that cannot be imported: PluginImportError naming its distribution
+    try:
+        return entry.create(**options)
+    except TypeError as err:
+        try:
+            accepted = ", ".join(p for p in inspect.signature(cls).parameters if p not in ("args", "kwargs"))
+        except (TypeError, ValueError):
+            accepted = "see its documentation"
+        raise TypeError(
+            f"The logger {entry.name!r} ({cls.__module__}.{cls.__qualname__}, from {entry.distribution}) could not be"
+            f" built with the options {options!r}: {err}. Its options: {accepted}."
+        ) from err
+
+
+def _logger_complaint(item: Any) -> str | None:
+    """Loggers are accepted by interface (as the reference does): any object with its abstract members."""
+    from fabric_core.loggers.base import REQUIRED_MEMBERS, missing_members
+
+    members = ", ".join(f"`{m}`" for m in REQUIRED_MEMBERS)
+    if isinstance(item, type):
+        if not missing_members(item):
+            return f"pass an instance, e.g. `{item.__name__}(...)`, not the class."
+        return "a logger is an instance of a logger class, such as `fabric_core.loggers.CSVLogger(root_dir=...)`."
+    missing = missing_members(item)
+    if not missing:
+        return None
+    if isinstance(item, (bytes, int, float, bool)):
+        return (
+            "a logger is a registered name (`'csv'`, `'tensorboard'`, ...: `fabric plugins --kind logger`), a logger"
+            f" object such as `fabric_core.loggers.CSVLogger(root_dir=...)`, or any object with {members}."
+        )
+    return (
+        f"{type(item).__name__} has no {', '.join(f'`{m}`' for m in missing)}. A logger needs the members of the"
+        f" reference's Logger interface: {members} (subclass `fabric_core.loggers.Logger` to get defaults for the rest)."
+    )

@@ -28,7 +28,7 @@ from fabric_core.io.background import CheckpointHandle
 from fabric_core.io.location import CheckpointLocation
 from fabric_core.io.retention import prune, series_pattern
 from fabric_core.io.state import is_stateful
-from fabric_core.loggers.base import REQUIRED_MEMBERS, Logger, finalize_logger, missing_members
+from fabric_core.loggers.base import Logger, finalize_logger
 from fabric_core.strategies.base import Strategy
 from fabric_core.utilities.apply import apply_to_collection, convert_tensors_to_scalars, convert_to_tensors
 from fabric_core.utilities.rank_zero import PossibleUserWarning, rank_zero_warn
@@ -63,8 +63,10 @@ class Fabric:
             ``"bf16-mixed"`` (with fabric-amp), or the legacy ``32``, ``64``, ``16``, ``"bf16"``.
         plugins: a Precision, ClusterEnvironment or CheckpointIO object, or a list of them.
         callbacks: any objects (or a list of them) whose methods :meth:`call` invokes by name.
-        loggers: one logger or a list of loggers used by :meth:`log` and :meth:`log_dict`: any object with the
-            reference's ``Logger`` members (``name``, ``version``, ``log_metrics``, ``log_hyperparams``).
+        loggers: the loggers :meth:`log` and :meth:`log_dict` write to: a registered name (``"csv"``,
+            ``"tensorboard"``, ``"wandb"`` with fabric-wandb, ...; ``fabric plugins --kind logger`` lists them),
+            ``{name: options}`` to pass options, a logger object (any object with the reference's ``Logger`` members:
+            ``name``, ``version``, ``log_metrics``, ``log_hyperparams``), or a list mixing these.
     """
 
     def __init__(
@@ -91,7 +93,7 @@ class Fabric:
         self._strategy = resolved.strategy
         self._precision = resolved.precision
         self._callbacks: list[Any] = _as_list(callbacks, "callbacks", lambda _: None)
-        self._loggers: list[Logger] = _as_list(loggers, "loggers", _logger_complaint)
+        self._loggers: list[Logger] = connector.resolve_loggers(loggers)
         self._models_setup = 0
         self._launched = False
         # `backward`'s decision, per precision object: the one it was made for, and that object again when
@@ -726,24 +728,3 @@ def _as_list(value: Any, kind: str, check: Callable[[Any], str | None]) -> list[
         if complaint:
             raise TypeError(f"`Fabric({kind}=...)` got {item!r}: {complaint}")
     return items
-
-
-def _logger_complaint(item: Any) -> str | None:
-    """Loggers are accepted by interface (as the reference does): any object with its abstract members."""
-    if isinstance(item, type):
-        if not missing_members(item):
-            return f"pass an instance, e.g. `{item.__name__}(...)`, not the class."
-        return "a logger is an instance of a logger class, such as `fabric_core.loggers.CSVLogger(root_dir=...)`."
-    missing = missing_members(item)
-    if not missing:
-        return None
-    if isinstance(item, (str, bytes, int, float, bool, dict)) or item is None:
-        return (
-            "a logger is an object such as `fabric_core.loggers.CSVLogger(root_dir=...)`, or any object with"
-            f" {', '.join(f'`{m}`' for m in REQUIRED_MEMBERS)}."
-        )
-    return (
-        f"{type(item).__name__} has no {', '.join(f'`{m}`' for m in missing)}. A logger needs the members of the"
-        f" reference's Logger interface: {', '.join(f'`{m}`' for m in REQUIRED_MEMBERS)} (subclass"
-        " `fabric_core.loggers.Logger` to get defaults for the rest)."
-    )

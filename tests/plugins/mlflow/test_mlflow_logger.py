@@ -42,8 +42,9 @@ def test_params_metrics_tags_checkpoint_and_status_read_back(tracking_uri, tmp_p
     assert _runs(tracking_uri, experiment) == []
 
     fabric.logger.log_hyperparams({"lr": 0.1, "optimizer": {"name": "adamw", "betas": (0.9, 0.99)}, "fn": len})
-    for step in range(4):
-        fabric.log_dict({"train/loss": torch.tensor(1.0 / (step + 1)), "bad name!": 1.0}, step=step * 10)
+    with pytest.warns(UserWarning, match="MLflow does not accept the name 'bad name!'; it is logged as 'bad name_'"):
+        for step in range(4):
+            fabric.log_dict({"train/loss": torch.tensor(1.0 / (step + 1)), "bad name!": 1.0}, step=step * 10)
     model = torch.nn.Linear(3, 2)
     fabric.save(tmp_path / "ckpt" / "step-30.ckpt", {"model": model})
     fabric.teardown()
@@ -119,7 +120,7 @@ def test_unsupported_values_are_skipped_with_a_warning(tracking_uri):
 def test_two_processes_only_rank_zero_logs(tracking_uri, tmp_path):
     experiment = _experiment()
     config = {
-        "loggers": {**LOGGER, "options": {"experiment_name": experiment, "log_checkpoints": True}},
+        "loggers": {"mlflow": {"experiment_name": experiment, "log_checkpoints": True}},  # by name, with options
         "strategy": "ddp", "devices": 2, "steps": 3, "checkpoint": str(tmp_path / "final.ckpt"), "out": str(tmp_path),
     }  # fmt: skip
     job, code = _run_job(tmp_path, config)

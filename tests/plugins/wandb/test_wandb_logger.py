@@ -89,7 +89,7 @@ def test_two_processes_only_rank_zero_logs(tmp_path):
     save_dir = tmp_path / "runs"
     options = {"project": "ddp", "save_dir": str(save_dir), "log_checkpoints": True}
     config = {
-        "loggers": {"class": "fabric_wandb:WandbLogger", "options": options}, "strategy": "ddp", "devices": 2,
+        "loggers": {"wandb": options}, "strategy": "ddp", "devices": 2,  # by name, with options
         "steps": 3, "checkpoint": str(tmp_path / "final.ckpt"), "out": str(tmp_path),
     }  # fmt: skip
     job, code = _run_job(tmp_path, config)

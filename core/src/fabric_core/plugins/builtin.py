@@ -57,6 +57,8 @@ FIRST_PARTY: dict[str, dict[str, tuple[str, ...]]] = {
         "environment": ("xla",),
     },
     "fabric-amp": {"precision": ("16-mixed", "bf16-mixed", "16", "bf16")},
+    "fabric-wandb": {"logger": ("wandb",)},
+    "fabric-mlflow": {"logger": ("mlflow",)},
 }
 
 
@@ -125,6 +127,22 @@ def fabric_register_environments(registrar: Registrar) -> None:
     registrar.add("mpi", env + "mpi:MPIEnvironment", description="mpirun (Open MPI / MPICH env vars)")
     registrar.add("kubeflow", env + "kubeflow:KubeflowEnvironment", description="Kubeflow PyTorchJob (explicit only)")
     registrar.add("plain", env + "plain:PlainEnvironment", description="MASTER_ADDR/NODE_RANK/LOCAL_RANK env vars")
+
+
+@hookimpl
+def fabric_register_loggers(registrar: Registrar) -> None:
+    _declare_first_party(registrar)
+    # By name, each logs to its own folder below ./fabric_logs, so `loggers=["csv", "tensorboard"]` never share one.
+    registrar.add(
+        "csv", _CORE + "loggers.csv:CSVLogger", description="metrics.csv and hparams.json per run", root_dir="fabric_logs", name="csv"
+    )
+    registrar.add(
+        "tensorboard",
+        _CORE + "loggers.tensorboard:TensorBoardLogger",
+        description="TensorBoard event files (needs tensorboard)",
+        root_dir="fabric_logs",
+        name="tensorboard",
+    )
 
 
 # ---------------------------------------------------------------------------------------------- default decisions

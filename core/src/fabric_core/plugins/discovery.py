@@ -54,7 +54,10 @@ BLOCK_VARIABLE = "FABRIC_DISABLE_PLUGINS"
 
 #: Packages a registration module must not import (it runs for every ``Fabric()``): ``fabric plugins --check``
 #: flags a plugin whose registration module pulled one of them in.
-HEAVY_MODULES = ("torch", "torch.distributed", "torch._dynamo", "deepspeed", "torch_xla", "jax", "tensorflow", "transformers")
+HEAVY_MODULES = (
+    "torch", "torch.distributed", "torch._dynamo", "deepspeed", "torch_xla", "jax", "tensorflow", "transformers", "wandb",
+    "mlflow",
+)  # fmt: skip
 
 
 def _names(variable: str) -> list[str]:

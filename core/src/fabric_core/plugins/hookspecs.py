@@ -98,6 +98,19 @@ def fabric_register_environments(registrar: Registrar) -> None:
     """
 
 
+@hookspec
+def fabric_register_loggers(registrar: Registrar) -> None:
+    """Add experiment logger names (``Fabric(loggers=NAME)``, ``loggers=[NAME, ...]``, ``loggers={NAME: options}``).
+
+    ``target`` is a logger class (a :class:`~fabric_core.loggers.Logger` subclass, or any class with that interface)
+    or an import string; it is constructed as ``target(**init_kwargs, **options)`` with the user's options for that
+    name (theirs win). Register defaults that make the bare name useful (a log folder, a project name). The target's
+    module is imported only when the name is used, so it may import its tracking framework at the top: a broken
+    installation then fails that name only, as a :class:`~fabric_core.plugins.registry.PluginImportError` naming
+    the distribution.
+    """
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Decision hooks (first non-None answer wins)
 # --------------------------------------------------------------------------------------------------------------

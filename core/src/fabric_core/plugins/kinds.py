@@ -15,4 +15,5 @@ KINDS: dict[str, str] = {
     "precision": "fabric_register_precisions",
     "launcher": "fabric_register_launchers",
     "environment": "fabric_register_environments",
+    "logger": "fabric_register_loggers",
 }

@@ -171,13 +171,17 @@ class Registrar:
         self,
         name: str,
         target: type | str,
+        /,
         *,
         description: str = "",
         aliases: dict[str, str | None] | None = None,
         override: bool = False,
         **init_kwargs: Any,
     ) -> None:
-        """Register ``name`` (case-insensitive) for ``target`` built with ``init_kwargs``."""
+        """Register ``name`` (case-insensitive) for ``target`` built with ``init_kwargs``.
+
+        ``name`` and ``target`` are positional-only, so ``init_kwargs`` may use those words too (a logger's ``name=``).
+        """
         if not isinstance(name, str) or not name:
             raise TypeError(f"A {self.kind} name must be a non-empty string, got {name!r}.")
         if not isinstance(target, (type, str)):
@@ -329,7 +333,8 @@ class Registry:
             return entry
         raise ValueError(self.unknown_name_message(kind, name))
 
-    def create(self, kind: str, name: str, *args: Any, **overrides: Any) -> Any:
+    def create(self, kind: str, name: str, /, *args: Any, **overrides: Any) -> Any:
+        """Build the object registered as ``name`` (``kind``/``name`` positional-only: ``overrides`` may hold a ``name``)."""
         return self.get(kind, name).create(*args, **overrides)
 
     # ----------------------------------------------------------------------------------------------- hints
@@ -393,9 +398,13 @@ class Registry:
         if dist is not None:
             return f"{message} {self.install_hint(dist)}"
         message += f" Available names are: {', '.join([*special, *available]) or '(none)'}."
-        close = difflib.get_close_matches(key, [*special, *available], n=1, cutoff=0.5)
+        # Names of distributions that are not installed count as candidates too: "wnadb" -> "wandb" + how to get it.
+        hinted = sorted({h.pattern for h in self._hints if h.kind == kind and not h.is_pattern} - set(available))
+        close = difflib.get_close_matches(key, [*special, *available, *hinted], n=1, cutoff=0.5)
         if close:
             message += f" Did you mean {close[0]!r}?"
+            if close[0] in hinted:
+                message += f" {self.install_hint(self.distribution_for(kind, close[0]))}"
         if self.failures:
             message += " Some plugins failed to load: " + "; ".join(f.describe() for f in self.failures) + "."
         return message

@@ -221,7 +221,7 @@ class ProgressBar:
         fields = self._fields()
         if fields:
             parts.append(", ".join(f"{key} {value}" for key, value in fields.items()))
-        elapsed = now - ((now if self._start is None else self._start))
+        elapsed = now - (now if self._start is None else self._start)
         if self.n and (elapsed > 0 or whole_run):
             parts.append(self._rates(now, whole_run) + (" (average)" if whole_run else ""))
         timing = f"{_duration(elapsed)} elapsed"

@@ -2,6 +2,10 @@
 
 The client API is used rather than MLflow's fluent ``mlflow.start_run()``: the fluent API keeps one active run
 per process in a global, which would tie the logger to whatever else the script does with MLflow.
+
+This module imports the MLflow client: it is imported when the logger is first used (``Fabric(loggers="mlflow")``,
+``from fabric_mlflow import MLFlowLogger``), never while plugins are discovered, so a broken MLflow installation
+fails that name only (a ``PluginImportError`` naming fabric-mlflow), at construction rather than at the first log.
 """
 
 from __future__ import annotations
@@ -11,7 +15,10 @@ import re
 import time
 from argparse import Namespace
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
 
 from fabric_core.loggers.base import (
     CheckpointUploads,
@@ -23,9 +30,6 @@ from fabric_core.loggers.base import (
     rank_zero_experiment,
 )
 from fabric_core.utilities.rank_zero import rank_zero_only, rank_zero_warn
-
-if TYPE_CHECKING:
-    from mlflow.tracking import MlflowClient
 
 # MLflow's limits per log_batch call and per parameter value (mlflow.utils.validation).
 _MAX_METRICS_PER_BATCH = 1000
@@ -107,8 +111,6 @@ class MLFlowLogger(Logger):
     def experiment(self) -> MlflowClient:
         """The ``MlflowClient`` (rank 0; other ranks get a stand-in that does nothing). The run exists once this returns."""
         if self._client is None:
-            from mlflow.tracking import MlflowClient
-
             try:
                 client = MlflowClient(tracking_uri=self._tracking_uri)
                 self._open_run(client)
@@ -177,8 +179,6 @@ class MLFlowLogger(Logger):
         MLflow keeps a parameter's first value: logging the same name again with another value is an error there.
         Values longer than MLflow's limit (6000 characters) are cut, with a warning.
         """
-        from mlflow.entities import Param
-
         items = []
         for key, value in flatten_params(params_to_dict(params)).items():
             text = str(value)
@@ -193,8 +193,6 @@ class MLFlowLogger(Logger):
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         """Log numbers at ``step`` (0 when not given, as MLflow needs one); strings are skipped with a warning."""
-        from mlflow.entities import Metric
-
         timestamp = int(time.time() * 1000)
         items = []
         for key, value in add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR).items():
@@ -214,8 +212,6 @@ class MLFlowLogger(Logger):
     @rank_zero_only
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         """Set (or overwrite) tags of the run."""
-        from mlflow.entities import RunTag
-
         client = self.experiment
         items = [RunTag(str(key), str(value)) for key, value in tags.items()]
         for chunk in _chunks(items, _MAX_PARAMS_PER_BATCH):

@@ -1,4 +1,9 @@
-"""The Weights & Biases logger: one W&B run per training job, written by global rank 0 only."""
+"""The Weights & Biases logger: one W&B run per training job, written by global rank 0 only.
+
+This module imports ``wandb``: it is imported when the logger is first used (``Fabric(loggers="wandb")``, ``from
+fabric_wandb import WandbLogger``), never while plugins are discovered, so a broken wandb installation fails that
+name only (a ``PluginImportError`` naming fabric-wandb), at construction rather than at the first log call.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,8 @@ from argparse import Namespace
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import wandb
 
 from fabric_core.loggers.base import (
     CheckpointUploads,
@@ -19,7 +26,6 @@ from fabric_core.loggers.base import (
 from fabric_core.utilities.rank_zero import rank_zero_only, rank_zero_warn
 
 if TYPE_CHECKING:
-    import wandb
     from torch import nn
 
 #: The x-axis of every metric: W&B's own ``step`` must only grow, but Fabric users may log a step twice or out of
@@ -133,8 +139,6 @@ class WandbLogger(Logger):
     def experiment(self) -> wandb.Run:
         """The ``wandb`` run (started on first access, on rank 0; other ranks get a stand-in that does nothing)."""
         if self._experiment is None:
-            import wandb
-
             if wandb.run is not None:
                 rank_zero_warn(
                     "A wandb run is already active in this process; `WandbLogger` logs into it (and leaves finishing"
@@ -212,8 +216,6 @@ class WandbLogger(Logger):
         aliases = list(aliases) if aliases is not None else ["latest"]
 
         def upload(target: str) -> None:
-            import wandb
-
             artifact = wandb.Artifact(name=name, type="model", metadata={"path": target, **(metadata or {})})
             if "://" in target:
                 artifact.add_reference(target)

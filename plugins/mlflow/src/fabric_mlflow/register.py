@@ -1,0 +1,15 @@
+"""Registration hooks of fabric-mlflow: the logger name only, no ``mlflow`` import (that happens when it is used)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fabric_core.plugins import hookimpl
+
+if TYPE_CHECKING:
+    from fabric_core.plugins import Registrar
+
+
+@hookimpl
+def fabric_register_loggers(registrar: Registrar) -> None:
+    registrar.add("mlflow", "fabric_mlflow.logger:MLFlowLogger", description="MLflow runs (rank 0)")

@@ -1,0 +1,15 @@
+"""Registration hooks of fabric-wandb: the logger name only, no ``wandb`` import (that happens when it is used)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fabric_core.plugins import hookimpl
+
+if TYPE_CHECKING:
+    from fabric_core.plugins import Registrar
+
+
+@hookimpl
+def fabric_register_loggers(registrar: Registrar) -> None:
+    registrar.add("wandb", "fabric_wandb.logger:WandbLogger", description="Weights & Biases runs (rank 0)")
