@@ -117,11 +117,19 @@ def test_unsupported_values_are_skipped_with_a_warning(tracking_uri):
 
 
 @pytest.mark.multiprocess
-def test_two_processes_only_rank_zero_logs(tracking_uri, tmp_path):
+@pytest.mark.parametrize(
+    "launch",
+    [
+        pytest.param({"strategy": "ddp"}, id="script"),
+        # spawned processes never run atexit: the run is closed by the multiprocessing exit hook
+        pytest.param({"strategy": "ddp_spawn", "mode": "function"}, id="spawn-function"),
+    ],
+)
+def test_two_processes_only_rank_zero_logs(tracking_uri, tmp_path, launch):
     experiment = _experiment()
     config = {
         "loggers": {"mlflow": {"experiment_name": experiment, "log_checkpoints": True}},  # by name, with options
-        "strategy": "ddp", "devices": 2, "steps": 3, "checkpoint": str(tmp_path / "final.ckpt"), "out": str(tmp_path),
+        "devices": 2, "steps": 3, "checkpoint": str(tmp_path / "final.ckpt"), "out": str(tmp_path), **launch,
     }  # fmt: skip
     job, code = _run_job(tmp_path, config)
     assert code == 0, job.output()[-4000:]

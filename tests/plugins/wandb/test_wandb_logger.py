@@ -139,5 +139,7 @@ def test_the_wandb_sdks_own_fabric_logger_is_accepted(tmp_path):
     assert json.loads((tmp_path / "rank0.json").read_text())["logger"] == "WandbLogger"
     (path,) = run_files(save_dir)
     summary, records = inspect_run(path)
-    assert summary["project"] == "sdk" and summary["config"]["lr"] == 0.1, (summary, records[:3])
+    run_records = [r["run"] for r in records if r["type"] == "run"]
+    assert run_records and run_records[0]["project"] == "sdk", (summary, run_records)
+    assert summary["config"]["lr"] == 0.1
     assert [row["trainer/global_step"] for row in history(records) if "loss" in row] == [0, 1, 2]
