@@ -16,6 +16,7 @@ from torch import Tensor
 
 from fabric_core.strategies.base import Strategy, check_reduce_op
 from fabric_core.utilities import rank_zero
+from fabric_core.utilities.object_collectives import broadcast_object
 from fabric_core.utilities.process_group import release_at_exit
 from fabric_core.utilities.topology import Topology, threads_per_process
 
@@ -339,10 +340,8 @@ class ParallelStrategy(Strategy):
             raise ValueError(f"`broadcast(src={src!r})`: `src` must be a rank between 0 and {self.world_size - 1}.")
         if not self._ready():
             return obj
-        dist = _dist()
-        holder = [obj]
-        dist.broadcast_object_list(holder, src=src, device=self.root_device if self.root_device.type == "cuda" else None)
-        return holder[0]
+        gloo = self.get_process_group_backend() == "gloo"
+        return broadcast_object(obj, src=src, device=torch.device("cpu") if gloo else self.root_device)
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         if not self._ready():
@@ -393,9 +392,7 @@ class _GroupCoordinator:
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         if self.group is None:
             return obj
-        holder = [obj]
-        _dist().broadcast_object_list(holder, src=src, group=self.group)
-        return holder[0]
+        return broadcast_object(obj, src=src, group=self.group)
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         if self.group is None:
