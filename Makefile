@@ -25,7 +25,7 @@ CHECK_TORCH := import importlib.metadata as m, re, torch; \
 	cuda = sorted(d.metadata['Name'] for d in m.distributions() if d.metadata['Name'].lower().startswith(('nvidia-', 'triton'))); \
 	assert torch.__version__.split('+')[0] == pin and not cuda, f'torch {torch.__version__} (pin {pin}), CUDA packages {cuda}'
 
-.PHONY: setup demo test setup-xla test-xla stress lint bench clean
+.PHONY: setup demo test test-bare setup-xla test-xla stress lint bench clean
 
 $(STAMP): requirements-dev.txt $(foreach d,$(DISTS),$(d)/pyproject.toml) Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q
+
+# The bare-install lane: wheels of every distribution built and installed with plain pip into a fresh venv
+# (.bare/venv) that holds only torch, then the seed articles' calls on 2 CPU processes with ddp (numpy absent),
+# fsdp and deepspeed; pip's output must name no warning of ours. About 3-4 minutes; see tests/bare_install/lane.py.
+test-bare:
+	$(PYTHON) tests/bare_install/lane.py
 
 # The XLA lane: its own venv with the pinned torch 2.9.0 + torch_xla 2.9.0 (torch_xla needs exactly that torch),
 # fabric-core and fabric-xla installed editable, then the core's tests on torch 2.9 and the XLA tests on the CPU PJRT
@@ -90,4 +96,4 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) $(XLA_VENV) demo_output
+	rm -rf $(VENV) $(XLA_VENV) .bare demo_output
