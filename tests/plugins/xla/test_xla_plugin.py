@@ -119,6 +119,25 @@ def test_detection_reads_the_environment_only(monkeypatch: pytest.MonkeyPatch):
 
 
 @pytest.mark.parametrize(
+    ("accelerator_type", "flops"),
+    [("v4-8", 275e12), ("v5litepod-16", 197e12), ("v5p-128", 459e12), ("v6e-4", 918e12), ("v3-8", 61.5e12), ("v9-8", None)],
+)
+def test_peak_flops_per_device_of_each_tpu_generation(monkeypatch: pytest.MonkeyPatch, accelerator_type, flops):
+    from fabric_core.utilities.throughput import get_available_flops
+
+    monkeypatch.delenv("ACCELERATOR_TYPE", raising=False)
+    monkeypatch.setenv("TPU_ACCELERATOR_TYPE", accelerator_type)
+    assert XLAAccelerator.available_flops(torch.device("xla", 0), torch.float32) == flops
+    # the throughput utilities ask the accelerator registered for the device type (an unknown generation warns)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert get_available_flops(torch.device("xla", 0), torch.bfloat16) == (int(flops) if flops else None)
+    assert bool(caught) is (flops is None)
+    monkeypatch.delenv("TPU_ACCELERATOR_TYPE")
+    assert XLAAccelerator.available_flops(torch.device("xla", 0), torch.bfloat16) is None  # no TPU here
+
+
+@pytest.mark.parametrize(
     ("devices", "expected"),
     [("auto", [0, 1, 2, 3]), (4, [0, 1, 2, 3]), ("4", [0, 1, 2, 3]), (1, [0]), ("1", [0]), ([2], [2]), ("3,", [3]), ("[1]", [1])],
 )

@@ -78,5 +78,13 @@ class Accelerator(ABC):
     def teardown(self) -> None:  # noqa: B027 - optional hook, most accelerators hold nothing
         """Release what ``setup_device`` took."""
 
+    @staticmethod
+    def available_flops(device: torch.device, dtype: torch.dtype) -> float | None:
+        """Peak dense FLOP/s of one ``device`` computing in ``dtype``, for MFU in ``ThroughputMonitor``.
+
+        ``None`` (the default) means unknown: throughput is reported without MFU.
+        """
+        return None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -111,6 +111,15 @@ class CUDAAccelerator(Accelerator):
     def teardown(self) -> None:
         torch.cuda.empty_cache()
 
+    @staticmethod
+    def available_flops(device: torch.device, dtype: torch.dtype) -> float | None:
+        """The dense peak from the datasheet table in :mod:`fabric_core.accelerators.cuda_flops`; float32 counts as
+        TF32 on Ampere and newer unless ``torch.get_float32_matmul_precision()`` is ``"highest"``."""
+        from fabric_core.accelerators.cuda_flops import cuda_flops
+
+        tf32 = torch.cuda.get_device_capability(device) >= (8, 0) and torch.get_float32_matmul_precision() != "highest"
+        return cuda_flops(torch.cuda.get_device_name(device), dtype, tf32_matmuls=tf32)
+
 
 _hinted = False
 

@@ -1,1 +1,46 @@
-"""Small helpers shared by the facade and by plugins (no heavy imports here)."""
+"""Small helpers shared by the facade and by plugins (no heavy imports here).
+
+The names the well-known Fabric exports from its ``utilities`` package are importable from here too, each loaded on
+first access (so ``import fabric_core.utilities.<module>`` stays as cheap as the module itself).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fabric_core.utilities.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from fabric_core.utilities.apply import move_data_to_device
+    from fabric_core.utilities.rank_zero import rank_zero_info, rank_zero_only, rank_zero_warn
+    from fabric_core.utilities.seed import seed_everything
+    from fabric_core.utilities.throughput import Throughput, ThroughputMonitor, measure_flops
+    from fabric_core.utilities.warnings import disable_possible_user_warnings
+
+__all__ = [
+    "Throughput",
+    "ThroughputMonitor",
+    "disable_possible_user_warnings",
+    "measure_flops",
+    "move_data_to_device",
+    "rank_zero_info",
+    "rank_zero_only",
+    "rank_zero_warn",
+    "seed_everything",
+]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    "fabric-core",
+    {
+        "Throughput": "fabric_core.utilities.throughput",
+        "ThroughputMonitor": "fabric_core.utilities.throughput",
+        "measure_flops": "fabric_core.utilities.throughput",
+        "move_data_to_device": "fabric_core.utilities.apply",
+        "rank_zero_info": "fabric_core.utilities.rank_zero",
+        "rank_zero_only": "fabric_core.utilities.rank_zero",
+        "rank_zero_warn": "fabric_core.utilities.rank_zero",
+        "seed_everything": "fabric_core.utilities.seed",
+        "disable_possible_user_warnings": "fabric_core.utilities.warnings",
+    },
+)

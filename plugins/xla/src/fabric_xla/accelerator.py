@@ -84,3 +84,22 @@ class XLAAccelerator(Accelerator):
     @staticmethod
     def auto_device_count() -> int:
         return detect.device_count()
+
+    @staticmethod
+    def available_flops(device: torch.device, dtype: torch.dtype) -> float | None:
+        """Peak bfloat16 FLOP/s of one XLA device of this host's TPU generation (TPUs run matmuls in bfloat16
+        whatever ``dtype`` says); ``None`` off TPUs or for a generation not in :data:`TPU_FLOPS`."""
+        generation = detect.tpu_generation()
+        return TPU_FLOPS.get(generation) if generation else None
+
+
+#: Peak bfloat16 FLOP/s of one torch_xla device, from Google's system-architecture pages: per chip, halved for v2
+#: and v3, whose chips have two TensorCores that torch_xla addresses as two devices (later chips are one device).
+TPU_FLOPS: dict[str, float] = {
+    "v2": 45e12 / 2,
+    "v3": 123e12 / 2,
+    "v4": 275e12,
+    "v5e": 197e12,
+    "v5p": 459e12,
+    "v6e": 918e12,
+}

@@ -82,3 +82,25 @@ def device_count() -> int:
     variable = _COUNT_VARIABLES.get(kind)
     value = os.environ.get(variable, "").strip() if variable else ""
     return int(value) if value.isdigit() and int(value) > 0 else 1
+
+
+def tpu_generation() -> str | None:
+    """``"v4"``, ``"v5e"``, ``"v5p"``, ... from the accelerator type (``"v5litepod-8"`` is a v5e), or ``None``.
+
+    Read from ``TPU_ACCELERATOR_TYPE``/``ACCELERATOR_TYPE`` when set, else from torch_xla's TPU environment, asked
+    only when torch_xla is already imported (a running XLA job), since that query may reach the metadata server.
+    """
+    import sys
+
+    name = os.environ.get("TPU_ACCELERATOR_TYPE") or os.environ.get("ACCELERATOR_TYPE") or ""
+    if not name and "torch_xla" in sys.modules and pjrt_device() in ("", "TPU"):
+        try:
+            from torch_xla._internal import tpu
+
+            name = str(tpu.get_tpu_env().get("ACCELERATOR_TYPE", ""))
+        except Exception:
+            name = ""
+    kind = name.strip().lower().split("-", 1)[0]
+    if not kind:
+        return None
+    return {"v5litepod": "v5e", "v5lite": "v5e", "v6litepod": "v6e", "v6lite": "v6e"}.get(kind, kind)
