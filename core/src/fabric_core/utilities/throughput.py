@@ -252,7 +252,7 @@ def get_available_flops(device: torch.device | str, dtype: torch.dtype) -> int |
 
     Asks the accelerator registered for ``device``'s type (CUDA: NVIDIA's datasheet figures; TPUs: fabric-xla).
     """
-    from fabric_core.registry import get_registry
+    from fabric_core.plugins import get_registry
 
     device = torch.device(device)
     entry = get_registry().lookup("accelerator", device.type)
