@@ -329,7 +329,11 @@ class Fabric:
             sampler = data.distributed_sampler_for(dataloader, seed=seed, **kwargs)
             if sampler is not None:
                 dataloader = data.reinstantiate_dataloader(dataloader, sampler)
-            elif isinstance(dataloader.dataset, IterableDataset) and kwargs.get("num_replicas", 1) > 1:
+            elif (
+                isinstance(dataloader.dataset, IterableDataset)
+                and kwargs.get("num_replicas", 1) > 1
+                and not data.shards_itself(dataloader.dataset, kwargs["num_replicas"])
+            ):
                 replicas = kwargs["num_replicas"]
                 rank_zero_warn(
                     f"Your `{type(dataloader.dataset).__name__}` is an `IterableDataset`, which Fabric cannot split"
@@ -337,8 +341,9 @@ class Fabric:
                     " sample is seen once per process. If that is not what you want, shard it yourself in its"
                     " `__iter__`, e.g. by `fabric.global_rank` and `fabric.world_size` (keep every"
                     " `world_size`-th item starting at `global_rank`, and split further by"
-                    " `torch.utils.data.get_worker_info()` with workers). If every process should see all of it,"
-                    " silence this with `warnings.filterwarnings('ignore', category=PossibleUserWarning)`.",
+                    " `torch.utils.data.get_worker_info()` with workers), and give it a `world_size` attribute so"
+                    " Fabric knows. If every process should see all of it, silence this with"
+                    " `warnings.filterwarnings('ignore', category=PossibleUserWarning)`.",
                     category=PossibleUserWarning,
                 )
         if os.environ.get("PL_SEED_WORKERS") == "1" and dataloader.worker_init_fn is None:
@@ -511,7 +516,7 @@ class Fabric:
                 category=PossibleUserWarning,
             )
             return nullcontext()
-        return control.no_backward_sync(module._forward_module, enabled)
+        return control.no_backward_sync(module.strategy_module, enabled)
 
     # ------------------------------------------------------------------------------------------------ data
     def to_device(self, obj: Any) -> Any:

@@ -140,6 +140,13 @@ class FabricModule(Module):
     def module(self) -> Module:
         return self._original_module
 
+    @property
+    def strategy_module(self) -> Module:
+        """What the strategy set up (e.g. the DDP or FSDP module), without the ``torch.compile`` wrapper that
+        ``setup`` re-applies on top of it for a model compiled before ``setup``: what strategies receive."""
+        forward_module = self._forward_module
+        return forward_module._orig_mod if _is_compiled(forward_module) else forward_module
+
     def _plan_forward(self) -> None:
         """Decide, for the strategy's current precision object, what ``forward`` has to do besides the call.
 
@@ -678,7 +685,7 @@ def unwrap_objects(collection: Any, *, dataloaders: bool = True) -> Any:
         if _is_compiled(obj):
             obj = obj._orig_mod
         if isinstance(obj, FabricModule):
-            return obj._forward_module if not _is_compiled(obj._forward_module) else obj._forward_module._orig_mod
+            return obj.strategy_module
         if isinstance(obj, FabricOptimizer):
             return obj.optimizer
         if isinstance(obj, FabricDataLoader) and dataloaders:
