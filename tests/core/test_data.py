@@ -602,3 +602,31 @@ def test_stateful_dataloader_builds_its_own_batch_sampler_around_the_new_sampler
     assert type(new.batch_sampler) is type(loader.batch_sampler) and new.batch_sampler.sampler is sampler
     assert new.batch_size == 3 and new.drop_last is True
     assert [batch.tolist() for batch in new] == [[0, 2, 4]]
+
+
+def test_which_iterable_datasets_shard_themselves():
+    from types import SimpleNamespace
+
+    from fabric_core.utilities.data import shards_itself
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(range(3))
+
+    class Declared(Stream):
+        world_size = 2
+
+    class LitStyle(Stream):  # litdata keeps the layout it detected in `distributed_env`
+        def __init__(self, world_size):
+            self.distributed_env = SimpleNamespace(world_size=world_size, global_rank=0)
+
+    class HFStyle(Stream):  # 🤗 Datasets' split_dataset_by_node sets `_distributed`
+        _distributed = SimpleNamespace(rank=1, world_size=2)
+
+    LibraryStream = type("StreamingDataset", (Stream,), {"__module__": "litdata.streaming.dataset"})
+    assert not shards_itself(Stream(), 2)
+    assert shards_itself(Declared(), 2) and not shards_itself(Declared(), 4)  # a stale layout does not count
+    assert shards_itself(LitStyle(2), 2) and not shards_itself(LitStyle(1), 2)
+    assert shards_itself(HFStyle(), 2)
+    assert shards_itself(LibraryStream(), 8)
+    assert not shards_itself(type("Flag", (Stream,), {"world_size": True})(), 1)  # a bool is not a world size

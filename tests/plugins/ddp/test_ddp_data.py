@@ -58,6 +58,9 @@ def test_stateful_dataloader_shards_and_resumes_batch_exact(tmp_path: Path, work
     assert warning.startswith("PossibleUserWarning: Your `Stream` is an `IterableDataset`")
     assert "each of the 2 processes iterates all of it" in warning
     assert "`fabric.global_rank` and `fabric.world_size`" in warning
+    # A dataset that shards itself and carries the world size gets no warning.
+    assert r0["sharded_stream"] == [0, 2, 4] and r1["sharded_stream"] == [1, 3, 5]
+    assert r0["sharded_stream_warnings"] == r1["sharded_stream_warnings"] == []
 
     run_ranks(SCRIPT, str(tmp_path), "resume", str(workers), timeout=240, tmp_path=tmp_path)
     for run, resumed in zip((r0, r1), _results(tmp_path, "resume", workers)):

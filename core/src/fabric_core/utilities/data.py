@@ -218,6 +218,31 @@ def needs_distributed_sampler(dataloader: DataLoader) -> bool:
     return not isinstance(_effective_sampler(dataloader), DistributedSampler)
 
 
+#: Libraries whose iterable datasets split their stream across ranks by themselves (litdata's StreamingDataset,
+#: MosaicML's ``streaming``): the top-level package of the dataset class's module.
+SELF_SHARDING_PACKAGES = frozenset({"litdata", "streaming"})
+
+
+def shards_itself(dataset: object, world_size: int) -> bool:
+    """Whether an ``IterableDataset`` splits its stream across the ``world_size`` ranks by itself.
+
+    The rule (docs/decisions.md, "Data"): its class comes from a library that does (:data:`SELF_SHARDING_PACKAGES`),
+    or it carries the job's layout, an attribute ``world_size`` or ``num_replicas`` equal to ``world_size`` on the
+    dataset or on its ``distributed_env`` (litdata) or ``_distributed`` (🤗 Datasets after
+    ``split_dataset_by_node``). A dataset that reads the rank only inside ``__iter__`` cannot be told apart from one
+    that does not shard: Fabric then warns, and the warning says how to silence it.
+    """
+    if type(dataset).__module__.split(".", 1)[0] in SELF_SHARDING_PACKAGES:
+        return True
+    holders = [dataset, getattr(dataset, "distributed_env", None), getattr(dataset, "_distributed", None)]
+    for holder in holders:
+        for name in ("world_size", "num_replicas"):
+            value = getattr(holder, name, None) if holder is not None else None
+            if isinstance(value, int) and not isinstance(value, bool) and value == world_size:
+                return True
+    return False
+
+
 def _is_plain_random_sampler(sampler: Sampler) -> bool:
     # A RandomSampler drawing with replacement or a custom number of samples cannot be expressed as a
     # DistributedSampler over the dataset; such samplers are wrapped instead.

@@ -49,6 +49,16 @@ class Stream(IterableDataset):
         return iter(range(6))
 
 
+class ShardedStream(IterableDataset):
+    """Splits itself by rank and says so with ``world_size`` (the rule in docs/decisions.md, "Data")."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank, self.world_size = rank, world_size
+
+    def __iter__(self):
+        return iter(range(self.rank, 6, self.world_size))
+
+
 def make_loader(workers: int) -> StatefulDataLoader:
     return StatefulDataLoader(list(range(N)), batch_size=BATCH, shuffle=True, num_workers=workers)
 
@@ -81,6 +91,11 @@ def run(fabric: Fabric, out: Path, workers: int) -> dict:
         stream = fabric.setup_dataloaders(DataLoader(Stream(), batch_size=2))
     result["stream"] = one_epoch(stream)
     result["stream_warnings"] = [f"{w.category.__name__}: {w.message}" for w in caught]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sharded = fabric.setup_dataloaders(DataLoader(ShardedStream(fabric.global_rank, fabric.world_size), batch_size=2))
+    result["sharded_stream"] = one_epoch(sharded)
+    result["sharded_stream_warnings"] = [str(w.message) for w in caught]
     return result
 
 
