@@ -190,10 +190,12 @@ def test_plain_paths_are_chosen_only_for_plain_precisions():
     module = nn.Linear(2, 1)
     model, optimizer = fabric.setup(module, torch.optim.SGD(module.parameters(), lr=0.1))
     precision = fabric.strategy.precision
-    assert model._plain_precision is precision
+    for plan in (model._paths, optimizer._paths, fabric._paths):  # one kind of plan, read by every hot path
+        assert plan.precision is precision and plan.forward and plan.backward and plan.step
     double = Fabric(precision="64-true")
     double_model = double.setup(nn.Linear(2, 1))
-    assert double_model._plain_precision is not double.strategy.precision
+    assert double_model._paths.precision is double.strategy.precision
+    assert not double_model._paths.forward and double_model._paths.backward  # casts, but backward stays plain
 
 
 def test_precision_replaced_after_setup_is_honoured_everywhere():

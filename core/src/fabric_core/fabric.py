@@ -21,7 +21,7 @@ from torch.nn import Module
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader, IterableDataset
 
-from fabric_core import connector, wrappers
+from fabric_core import connector
 from fabric_core.accelerators.base import Accelerator
 from fabric_core.io import background
 from fabric_core.io.background import CheckpointHandle
@@ -33,13 +33,12 @@ from fabric_core.strategies.base import Strategy
 from fabric_core.utilities.apply import apply_to_collection, convert_tensors_to_scalars, convert_to_tensors
 from fabric_core.utilities.rank_zero import PossibleUserWarning, rank_zero_warn
 from fabric_core.wrappers import (
-    _NOTHING,
     FabricDataLoader,
     FabricModule,
     FabricOptimizer,
-    fabric_backward_scope,
+    FastPaths,
+    backward_guard,
     is_wrapped,
-    plain_backward,
     unwrap_compiled,
     unwrap_objects,
 )
@@ -96,10 +95,8 @@ class Fabric:
         self._loggers: list[Logger] = connector.resolve_loggers(loggers)
         self._models_setup = 0
         self._launched = False
-        # `backward`'s decision, per precision object: the one it was made for, and that object again when
-        # `tensor.backward` may be called directly.
-        self._backward_planned_for: Any = _NOTHING
-        self._plain_backward_precision: Any = _NOTHING
+        #: what `backward` may skip for the strategy's precision (wrappers.FastPaths)
+        self._paths = FastPaths(self._strategy)
 
         if type(self).run is not Fabric.run:
             if connector.launched_by_cli():
@@ -432,35 +429,23 @@ class Fabric:
     def backward(self, tensor: Tensor, *args: Any, model: Any = None, **kwargs: Any) -> None:
         """Replace ``loss.backward()``: lets the precision scale the loss and engines own the backward pass."""
         strategy = self._strategy
-        precision = strategy.configured_precision  # the base property's storage (`plain_backward` checks it is that)
-        if precision is not self._plain_backward_precision and (
-            precision is self._backward_planned_for or not self._plan_backward(precision)
-        ):
+        paths = self._paths
+        if strategy.configured_precision is not paths.precision:  # a replaced precision: decide again
+            paths = self._paths = FastPaths(strategy)
+        if not paths.backward:
             module = unwrap_objects(model) if model is not None else None
-            with fabric_backward_scope():
+            with backward_guard.scope():
                 strategy.backward(tensor, module, *args, **kwargs)
             return
         # Neither strategy nor precision changes backward: their chain would only call `tensor.backward`.
-        if not wrappers._guards_armed:
+        if not backward_guard.armed:
             if args or kwargs:
                 tensor.backward(*args, **kwargs)
             else:
                 tensor.backward()  # the call exactly as a plain loop makes it
             return
-        # Some model (of this or another Fabric object) guards its outputs: mark this as a Fabric backward.
-        previous = wrappers._in_fabric_backward
-        wrappers._in_fabric_backward = True
-        try:
+        with backward_guard.scope():  # some model (of any Fabric) guards its outputs: this is a Fabric backward
             tensor.backward(*args, **kwargs)
-        finally:
-            wrappers._in_fabric_backward = previous
-
-    def _plan_backward(self, precision: Any) -> bool:
-        """Decide once per precision object whether ``backward`` may call ``tensor.backward`` directly."""
-        plain = precision is not None and plain_backward(self._strategy)
-        self._backward_planned_for = precision
-        self._plain_backward_precision = precision if plain else _NOTHING
-        return plain
 
     def clip_gradients(
         self,

@@ -1,11 +1,12 @@
 """What ``fabric.setup*`` returns: thin wrappers around the user's module, optimizers and dataloaders.
 
-They stay out of the hot path. Each wrapper decides once (and again only when the strategy's precision object
-is replaced) whether the strategy and precision do anything beyond what plain PyTorch does; if not, the call
-goes straight through: ``forward`` calls the inner module, ``step`` the optimizer's ``step``, and batches
-already on the CPU are not walked. Otherwise the full path runs: the precision's context and dtype casts, the
-``loss.backward()`` guard, the strategy's step. Nothing here imports ``torch._dynamo``: compiled modules are
-detected by class name.
+They stay out of the hot path. What the strategy and precision add to plain PyTorch is decided once, in a
+:class:`FastPaths` plan, when a wrapper (or ``fabric.backward``) first meets a strategy's precision object and
+again only when that object is replaced; every call then only reads the plan. Where nothing is added the call
+goes straight through: ``forward`` calls the inner module, ``step`` the optimizer's ``step``, ``fabric.backward``
+``tensor.backward()``, and batches already on the CPU are not walked. Otherwise the full path runs: the
+precision's context and dtype casts, the ``loss.backward()`` guard (:data:`backward_guard`), the strategy's step.
+Nothing here imports ``torch._dynamo``: compiled modules are detected by class name.
 """
 
 from __future__ import annotations
@@ -32,11 +33,6 @@ if TYPE_CHECKING:
     from fabric_core.strategies.base import Strategy
 
 _DEFAULT_FORWARD_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
-_in_fabric_backward = False
-#: Whether any output ever got the `loss.backward()` guard; until then no backward needs to be marked.
-_guards_armed = False
-#: Never the strategy's precision: marks "no plain path" in identity checks.
-_NOTHING = object()
 
 
 def _is_compiled(obj: Any) -> bool:
@@ -114,6 +110,91 @@ def plain_optimizer_step(strategy: Strategy) -> bool:
     )
 
 
+class FastPaths:
+    """What the wrappers and ``fabric.backward`` may skip for one strategy with one precision object.
+
+    Decided once by the constructor; the hot paths only read it. Its holder (a ``FabricModule``, a
+    ``FabricOptimizer``, a ``Fabric``) keeps the plan and makes a new one when ``strategy.configured_precision`` is
+    no longer :attr:`precision`, the object the plan was made for (a replaced precision): one identity comparison
+    per call. Reading ``configured_precision`` is only valid for strategies with the base ``precision`` property;
+    for any other strategy every flag is ``False`` and the full paths run.
+    """
+
+    __slots__ = ("backward", "forward", "guard_outputs", "precision", "step")
+
+    def __init__(self, strategy: Strategy) -> None:
+        plainly = _reads_precision_plainly(strategy)
+        precision = strategy.precision  # materialises the default precision, so the key below is that object
+        #: the precision object this plan was made for
+        self.precision = strategy.configured_precision
+        #: outputs get the ``loss.backward()`` guard (the strategy or precision needs ``fabric.backward``)
+        self.guard_outputs = bool(strategy.requires_fabric_backward)
+        #: ``forward`` may call the inner module directly (no casts, no context, no guard)
+        self.forward = plainly and not self.guard_outputs and not precision_converts(precision)
+        #: ``fabric.backward`` may call ``tensor.backward`` directly
+        self.backward = plain_backward(strategy)
+        #: ``optimizer.step()`` may call the optimizer's own ``step``
+        self.step = plain_optimizer_step(strategy)
+
+    def __repr__(self) -> str:
+        flags = ", ".join(f"{name}={getattr(self, name)}" for name in ("forward", "backward", "step", "guard_outputs"))
+        return f"FastPaths({flags})"
+
+
+class BackwardGuard:
+    """Tells the ``loss.backward()`` guard on model outputs whether the backward running now is Fabric's.
+
+    Where the strategy or precision must run ``fabric.backward`` (loss scaling, an engine), ``FabricModule`` attaches
+    a gradient hook to its outputs (:meth:`attach`) that raises unless the backward runs inside :meth:`scope`.
+    :attr:`armed` says whether any output ever got the hook: until then a plain ``fabric.backward`` need not enter
+    the scope. One process-wide instance, :data:`backward_guard`: a model of one ``Fabric`` may be trained through
+    another's ``backward``.
+    """
+
+    __slots__ = ("armed", "inside")
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.inside = False
+
+    def attach(self, tensor: Tensor) -> Tensor:
+        if tensor.requires_grad and tensor.grad_fn is not None:
+            self.armed = True
+            tensor.register_hook(self._check)
+        return tensor
+
+    def _check(self, grad: Tensor) -> Tensor:
+        if not self.inside:
+            raise RuntimeError(
+                "The current strategy and precision selection requires you to call `fabric.backward(loss)` instead of"
+                " `loss.backward()`."
+            )
+        return grad
+
+    def scope(self) -> AbstractContextManager:
+        """The duration of a Fabric backward (nests)."""
+        return _FabricBackwardScope(self)
+
+
+class _FabricBackwardScope(AbstractContextManager):
+    __slots__ = ("guard", "previous")
+
+    def __init__(self, guard: BackwardGuard) -> None:
+        self.guard = guard
+        self.previous = False
+
+    def __enter__(self) -> None:
+        self.previous = self.guard.inside
+        self.guard.inside = True
+
+    def __exit__(self, *exc: Any) -> None:
+        self.guard.inside = self.previous
+
+
+#: The process-wide guard (see :class:`BackwardGuard`).
+backward_guard = BackwardGuard()
+
+
 class FabricModule(Module):
     """Wraps the strategy's module (e.g. DDP) and the user's original module.
 
@@ -133,7 +214,9 @@ class FabricModule(Module):
         # `self._forward_module` is a plain attribute read instead of two `__getattr__` calls per forward.
         self.__dict__["_forward_module"] = forward_module
         self.__dict__["_original_module"] = self._original_module
-        self._plan_forward()
+        self.__dict__["_paths"] = FastPaths(strategy)
+        # The direct call below skips `forward`, so only for this class's own `forward` (not a subclass's).
+        self.__dict__["_can_call_directly"] = _CAN_CALL_DIRECTLY and type(self).forward is FabricModule.forward
         self._fabric_module_initialized = True
 
     @property
@@ -147,21 +230,13 @@ class FabricModule(Module):
         forward_module = self._forward_module
         return forward_module._orig_mod if _is_compiled(forward_module) else forward_module
 
-    def _plan_forward(self) -> None:
-        """Decide, for the strategy's current precision object, what ``forward`` has to do besides the call.
-
-        ``_plain_precision`` is that precision object when nothing is needed (the fast path compares identity),
-        else a sentinel; ``_guard_outputs`` says whether outputs get the ``loss.backward()`` guard.
-        """
-        strategy = self._strategy
-        precision = strategy.precision
-        guard = bool(strategy.requires_fabric_backward)
-        plain = not guard and not precision_converts(precision) and _reads_precision_plainly(strategy)
-        direct = plain and _CAN_CALL_DIRECTLY and type(self).forward is FabricModule.forward
-        self.__dict__["_planned_precision"] = precision
-        self.__dict__["_plain_precision"] = precision if plain else _NOTHING
-        self.__dict__["_call_directly"] = precision if direct else _NOTHING
-        self.__dict__["_guard_outputs"] = guard
+    def _current_paths(self) -> FastPaths:
+        """The plan for the strategy's current precision object (a new one if it was replaced)."""
+        d = self.__dict__
+        paths = d["_paths"]
+        if d["_strategy"].configured_precision is not paths.precision:
+            paths = d["_paths"] = FastPaths(d["_strategy"])
+        return paths
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """On the plain path, skip the wrapper's own ``nn.Module.__call__`` (three frames on every step).
@@ -172,8 +247,11 @@ class FabricModule(Module):
         """
         # Read through the instance __dict__: attribute loads on a Module (which has `__getattr__`) are slow.
         d = self.__dict__
+        paths = d["_paths"]
         if (
-            d["_strategy"].configured_precision is d["_call_directly"]
+            paths.forward
+            and d["_can_call_directly"]
+            and d["_strategy"].configured_precision is paths.precision
             and not (d["_forward_pre_hooks"] or d["_forward_hooks"] or d["_backward_pre_hooks"] or d["_backward_hooks"])
             and not (_G_FORWARD_PRE or _G_FORWARD or _G_BACKWARD_PRE or _G_BACKWARD)
             and d.get("_compiled_call_impl") is None  # set on the instance by `module.compile()`
@@ -185,22 +263,16 @@ class FabricModule(Module):
         return Module.__call__(self, *args, **kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if self._strategy.configured_precision is self._plain_precision:  # `_reads_precision_plainly` allows the read
+        paths = self._current_paths()
+        if paths.forward:
             return self._forward_module(*args, **kwargs)
-        return self._full_forward(args, kwargs)
-
-    def _full_forward(self, args: tuple, kwargs: dict[str, Any]) -> Any:
         precision = self._strategy.precision
-        if precision is not self._planned_precision:  # the strategy's precision was replaced: decide again
-            self._plan_forward()
-            if precision is self._plain_precision:
-                return self._forward_module(*args, **kwargs)
         args, kwargs = precision.convert_input((args, kwargs))
         with precision.forward_context():
             output = self._forward_module(*args, **kwargs)
         output = precision.convert_output(output)
-        if self._guard_outputs:
-            apply_to_collection(output, Tensor, _guard_backward)
+        if paths.guard_outputs:
+            apply_to_collection(output, Tensor, backward_guard.attach)
         return output
 
     def state_dict(self, *args: Any, destination: Any = None, prefix: str = "", keep_vars: bool = False) -> Any:
@@ -311,7 +383,7 @@ class FabricModule(Module):
             if isinstance(value, Module):
                 self.__dict__[name] = value
             if name == "_strategy":
-                self._plan_forward()
+                self.__dict__["_paths"] = FastPaths(value)
             return None
         if name.startswith("__") or name == "forward":
             return super().__setattr__(name, value)
@@ -353,36 +425,6 @@ class FabricModule(Module):
 
 #: Wrapper attributes kept in the instance __dict__ for fast access (modules also stay in `_modules`).
 _MIRRORED = frozenset({"_forward_module", "_original_module", "_strategy"})
-
-
-def _guard_backward(tensor: Tensor) -> Tensor:
-    global _guards_armed
-    if tensor.requires_grad and tensor.grad_fn is not None:
-        _guards_armed = True
-        tensor.register_hook(_check_fabric_backward)
-    return tensor
-
-
-def _check_fabric_backward(grad: Tensor) -> Tensor:
-    if not _in_fabric_backward:
-        raise RuntimeError(
-            "The current strategy and precision selection requires you to call `fabric.backward(loss)` instead of"
-            " `loss.backward()`."
-        )
-    return grad
-
-
-class fabric_backward_scope(AbstractContextManager):
-    """Marks the duration of ``fabric.backward`` so the guard above can tell the two paths apart."""
-
-    def __enter__(self) -> None:
-        global _in_fabric_backward
-        self._previous = _in_fabric_backward
-        _in_fabric_backward = True
-
-    def __exit__(self, *exc: Any) -> None:
-        global _in_fabric_backward
-        _in_fabric_backward = self._previous
 
 
 def _own_attribute(name: str, getter: Callable[[Any], Any]) -> property:
@@ -436,8 +478,7 @@ class FabricOptimizer:
             "_optimizer": optimizer,
             "_strategy": strategy,
             "_callbacks": callbacks if callbacks is not None else [],
-            "_step_planned_for": _NOTHING,
-            "_plain_step_precision": _NOTHING,
+            "_paths": FastPaths(strategy),
         }
         namespace.update(_own_attributes(cls))
         self.__dict__ = optimizer.__dict__
@@ -455,10 +496,10 @@ class FabricOptimizer:
 
     def step(self, closure: Callable | None = None) -> Any:
         strategy = self._strategy
-        precision = strategy.configured_precision  # the base property's storage: see `_reads_precision_plainly`
-        if precision is not self._plain_step_precision and (
-            precision is self._step_planned_for or not self._plan_step(precision)
-        ):
+        paths = self._paths
+        if strategy.configured_precision is not paths.precision:  # a replaced precision: decide again
+            paths = type(self)._paths = FastPaths(strategy)  # the per-instance class, not the optimizer's __dict__
+        if not paths.step:
             kwargs = {"closure": closure} if closure is not None else {}
             target = strategy.optimizer_step_target
             target = target(self._optimizer) if target is not None else self._optimizer
@@ -471,14 +512,6 @@ class FabricOptimizer:
             if callable(hook):
                 hook(strategy=strategy, optimizer=target)
         return output
-
-    def _plan_step(self, precision: Precision | None) -> bool:
-        """Decide once per precision object whether ``step`` may call the optimizer's ``step`` directly."""
-        plain = precision is not None and plain_optimizer_step(self._strategy)
-        cls = type(self)  # the per-instance class: nothing lands in the optimizer's shared __dict__
-        cls._step_planned_for = precision
-        cls._plain_step_precision = precision if plain else _NOTHING
-        return plain
 
     def zero_grad(self, *args: Any, **kwargs: Any) -> None:
         self._optimizer.zero_grad(*args, **kwargs)
