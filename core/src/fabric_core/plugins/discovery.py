@@ -47,6 +47,7 @@ from fabric_core.plugins.registry import (
     Registry,
     normalise_distribution,
 )
+from fabric_core.utilities.lazy import name_and_version
 
 AUTOLOAD_VARIABLE = "FABRIC_DISABLE_PLUGIN_AUTOLOAD"
 ALLOW_VARIABLE = "FABRIC_PLUGINS"
@@ -70,7 +71,7 @@ def _autoload_disabled() -> bool:
 
 def _dist_of(ep: Any) -> tuple[str, str | None]:
     dist = getattr(ep, "dist", None)
-    return (dist.name, dist.version) if dist is not None else (ep.name, None)
+    return name_and_version(dist) if dist is not None else (ep.name, None)
 
 
 def _iter_entry_points(first_party: set[str]) -> Iterator[Any]:

@@ -23,10 +23,11 @@ def lazy_exports(
 
     def __getattr__(name: str) -> Any:
         if name == "__version__":
-            from importlib.metadata import PackageNotFoundError, version
+            from importlib.metadata import PackageNotFoundError
+            from importlib.metadata import distribution as find
 
             try:
-                value: Any = version(distribution)
+                value: Any = name_and_version(find(distribution))[1]
             except PackageNotFoundError:  # a source tree on sys.path that is not installed
                 value = "0+unknown"
         elif name in names:
@@ -40,3 +41,31 @@ def lazy_exports(
         return sorted({*vars(sys.modules[package]), *names, "__version__"})
 
     return __getattr__, __dir__
+
+
+_HEADERS: dict[str, tuple[str, str]] = {}
+
+
+def name_and_version(dist: Any) -> tuple[str, str]:
+    """A distribution's ``Name`` and ``Version``, read from the first lines of its metadata file.
+
+    ``importlib.metadata``'s ``dist.name``/``dist.version`` parse the whole file with the ``email`` package, long
+    description included: about 1 ms each, and every ``Fabric()`` asks for each installed plugin distribution. The
+    header block ends at the first empty line; a file without both fields falls back to ``importlib.metadata``.
+    Cached per metadata folder.
+    """
+    key = str(getattr(dist, "_path", "")) or None
+    if key is not None and key in _HEADERS:
+        return _HEADERS[key]
+    found: dict[str, str] = {}
+    text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
+    for line in text.splitlines():
+        if not line:
+            break
+        field, _, value = line.partition(": ")
+        if field in ("Name", "Version") and field not in found:
+            found[field] = value.strip()
+    result = (found["Name"], found["Version"]) if len(found) == 2 else (dist.name, dist.version)
+    if key is not None:
+        _HEADERS[key] = result
+    return result
