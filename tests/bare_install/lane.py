@@ -13,7 +13,8 @@ a package index for the venv (``pip install torch==2.13.0`` takes the local CPU 
 5. ``fabric-core[deepspeed]`` (pip builds deepspeed's sdist against the installed CPU torch): the calls run with
    ``deepspeed``.
 6. The remaining distributions (e.g. the trackers), then ``fabric-core[all]`` when every extra's distribution
-   exists here; ``fabric plugins --check`` and ``fabric-core plugins --check`` must pass.
+   exists here; ``fabric plugins --check`` and ``fabric-core plugins --check`` must pass; the trackers log by name
+   (``Fabric(loggers=[{"mlflow": ...}, {"wandb": ...}])``) and their runs read back (``trackers_calls.py``).
 
 After every install: the pinned torch is still the one installed, no CUDA packages came along, and pip's output
 names no warning or deprecation for a distribution of ours. Each run has a time limit and its whole process
@@ -36,6 +37,7 @@ WORK = REPO / ".bare"
 VENV = WORK / "venv"
 PY = VENV / "bin" / "python"
 SCENARIO = Path(__file__).with_name("seeds_calls.py")
+TRACKERS_SCENARIO = Path(__file__).with_name("trackers_calls.py")
 RUN_TIMEOUT = 420
 #: pip's notices about this machine's extra package locations, not about what is installed
 _ENVIRONMENT_NOISE = re.compile(r"^WARNING: Location '.*' is ignored")
@@ -234,6 +236,16 @@ def main() -> int:
         install(wheels, ["all"], rest)
     for script in ("fabric", "fabric-core"):
         print(run([str(VENV / "bin" / script), "plugins", "--check"]), flush=True)
+    if {"fabric-wandb", "fabric-mlflow"} <= set(wheels):
+        out = WORK / "out" / "trackers"
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("FABRIC_", "MLFLOW_", "WANDB_"))}
+        output = run([str(PY), str(TRACKERS_SCENARIO), str(out)], timeout=RUN_TIMEOUT, env=env)
+        if "trackers-calls ok" not in output:
+            print(output)
+            raise LaneError("the trackers did not log by name after a plain pip install")
+        print("trackers-calls ok", flush=True)
     done(start, timings, "rest")
 
     timings["total"] = time.perf_counter() - total
