@@ -253,9 +253,9 @@ def run_job(
     return parse_result(proc.stdout)
 
 
-def exit_aborts(samples: dict[str, list[dict[str, Any]]]) -> dict[str, int]:
+def exit_aborts(samples: dict[str, list[dict[str, Any] | None]]) -> dict[str, int]:
     """Per variant, how many of its jobs reported their result and then crashed at exit."""
-    return {v: sum(1 for r in rs if r.get("exit_aborted")) for v, rs in samples.items()}
+    return {v: sum(1 for r in rs if r is not None and r.get("exit_aborted")) for v, rs in samples.items()}
 
 
 # ------------------------------------------------------------------------------------------------ memory (Linux)

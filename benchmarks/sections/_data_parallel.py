@@ -15,6 +15,7 @@ thread per process; ours: cores // processes); the thread count each run used is
 
 from __future__ import annotations
 
+import subprocess
 from typing import Any
 
 from benchmarks._common import (
@@ -74,17 +75,27 @@ def run(strategy: str, ctx: RunContext) -> dict[str, Any]:
     first_variants = list(cfg.get("first_step_variants") or [RAW, OURS, "ours_launch", LIGHTNING])
     if not with_lightning:
         first_variants = [v for v in first_variants if v != LIGHTNING]
-    samples: dict[str, list[dict[str, Any]]] = {v: [] for v in first_variants}
+    # One entry per repetition; None where the job failed or hung (recorded, and left out of the pairs).
+    samples: dict[str, list[dict[str, Any] | None]] = {v: [] for v in first_variants}
+    failed: list[str] = []
     reps = cfg["first_step_reps"]
     for rep in range(reps):
         for v in rotated(first_variants, rep):
             impl = OURS if v == "ours_launch" else v
-            samples[v].append(
-                _job(v, ["--impl", impl, "--strategy", strategy, "--warmup", "0", "--steps", "2"], timeout)
-            )
+            try:
+                res = _job(
+                    v, ["--impl", impl, "--strategy", strategy, "--warmup", "0", "--steps", "2"], timeout
+                )
+            except (RuntimeError, subprocess.TimeoutExpired) as err:
+                res = None
+                failed.append(f"repetition {rep + 1}, {v}: {type(err).__name__}: {str(err)[-600:]}")
+            samples[v].append(res)
         log(
             f"  {strategy} first step rep {rep + 1}/{reps}: "
-            + ", ".join(f"{v} {samples[v][-1]['first_step_s']:.2f} s" for v in first_variants)
+            + ", ".join(
+                f"{v} {r['first_step_s']:.2f} s" if (r := samples[v][-1]) else f"{v} failed"
+                for v in first_variants
+            )
         )
 
     out: dict[str, Any] = {
@@ -105,6 +116,7 @@ def run(strategy: str, ctx: RunContext) -> dict[str, Any]:
         "steady_ratios": {},
         "first_step_ratios": {},
         "jobs_aborted_at_exit": exit_aborts(samples | {"interleaved": [steady]}),
+        "failed_jobs": failed,
     }
     if any(out["jobs_aborted_at_exit"].values()):
         log(
@@ -119,17 +131,18 @@ def run(strategy: str, ctx: RunContext) -> dict[str, Any]:
             if v != RAW:
                 out["steady_ratios"][v] = paired_ratios(rates[v], rates[RAW])
         if v in samples:
-            s = samples[v]
+            s = [r for r in samples[v] if r is not None]
             entry["launch"] = (
                 "python script.py + fabric.launch()" if v == "ours_launch" else "torchrun --nproc_per_node 2"
             )
-            entry["threads_per_process"] = s[-1]["threads"]
+            entry["threads_per_process"] = s[-1]["threads"] if s else None
             entry["first_step_s"] = summarize([r["first_step_s"] for r in s])
             entry["imported_s"] = summarize([r["imported_s"] for r in s])
             entry["setup_done_s"] = summarize([r["setup_s"] for r in s])
-            if v != RAW:
+            if v != RAW:  # pairs of the repetitions in which both jobs finished
+                pairs = [(a, b) for a, b in zip(samples[v], samples[RAW]) if a is not None and b is not None]
                 out["first_step_ratios"][v] = paired_ratios(
-                    [r["first_step_s"] for r in s], [r["first_step_s"] for r in samples[RAW]]
+                    [a["first_step_s"] for a, _ in pairs], [b["first_step_s"] for _, b in pairs]
                 )
         out["variants"][v] = entry
     return out
@@ -164,6 +177,9 @@ def render(title: str, d: dict[str, Any]) -> str:
     aborted = {k: n for k, n in d.get("jobs_aborted_at_exit", {}).items() if n}
     if aborted:
         lines += ["", f"Jobs that reported their numbers and then aborted at interpreter exit: {aborted}."]
+    if d.get("failed_jobs"):
+        lines += ["", "First-step jobs that failed or hung (left out of the pairs):", ""]
+        lines += [f"- {f.splitlines()[0][:300]}" for f in d["failed_jobs"]]
     return "\n".join(lines)
 
 

@@ -102,7 +102,9 @@ def run(ctx: RunContext) -> dict[str, Any]:
         # The plugins are discovered in every child; fabric-deepspeed must not make `Fabric(...)` import deepspeed.
         "deepspeed_installed": dist_version("deepspeed"),
         "fabric_deepspeed_installed": dist_version("fabric-deepspeed"),
-        "trackers_installed": {t: dist_version(f"fabric-{t}") for t in TRACKERS if dist_version(f"fabric-{t}")},
+        "trackers_installed": {
+            t: dist_version(f"fabric-{t}") for t in TRACKERS if dist_version(f"fabric-{t}")
+        },
         "variants": {},
         "ratios": {},
         "wall_ratios": {},

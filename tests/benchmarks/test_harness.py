@@ -164,3 +164,34 @@ def test_a_kept_section_says_when_it_was_measured() -> None:
     assert "(Measured in the run of monday, kept by `--merge`.)" in render_markdown(
         _results(section, res), [section]
     )
+
+
+def test_a_hung_first_step_job_is_recorded_and_left_out_of_the_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One job of a shared machine that hangs must not lose the other jobs' numbers."""
+    import subprocess
+
+    from benchmarks.sections import _data_parallel
+
+    calls: list[list[str]] = []
+
+    def job(variant: str, args: list[str], timeout: float) -> dict[str, Any]:
+        calls.append(args)
+        if args[1] == "interleaved":
+            return {"steps_per_s": {"raw": [10.0, 11.0], "ours": [10.0, 11.0]}, "threads": 1}
+        if variant == "ours" and len(calls) == 3:  # the first repetition's `ours` job hangs
+            raise subprocess.TimeoutExpired(["torchrun"], timeout)
+        first = {"raw": 2.0, "ours": 2.2}[variant]
+        return {"first_step_s": first, "imported_s": 1.0, "setup_s": 1.5, "threads": 1}
+
+    monkeypatch.setattr(_data_parallel, "_job", job)
+    cfg = {"warmup": 1, "steady_reps": 2, "rounds": 1, "round_steps": 1, "first_step_reps": 3}
+    cfg["first_step_variants"] = ["raw", "ours"]
+    out = _data_parallel.run("ddp", RunContext("full", cfg, ("raw", "ours"), {}, log=lambda _: None))
+    assert len(out["failed_jobs"]) == 1 and out["failed_jobs"][0].startswith(
+        "repetition 1, ours: TimeoutExpired"
+    )
+    assert (
+        out["variants"]["raw"]["first_step_s"]["n"] == 3 and out["variants"]["ours"]["first_step_s"]["n"] == 2
+    )
+    assert out["first_step_ratios"]["ours"]["values"] == pytest.approx([1.1, 1.1])  # only the complete pairs
+    assert "- repetition 1, ours: TimeoutExpired" in _data_parallel.render("DDP", out)
