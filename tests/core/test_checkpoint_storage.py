@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 import textwrap
+import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -33,6 +36,33 @@ def test_a_save_is_durable_and_in_place_when_its_handle_is_done(fabric, tmp_path
     handle.wait()
     assert handle.done() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
     assert torch.load(tmp_path / "a.ckpt", weights_only=True)["step"] == 1
+
+
+def test_the_checkpoint_is_in_place_when_save_returns(fabric, tmp_path):
+    """At return the file is at `path`: other tools can read, copy or delete it, and its folder can be removed
+    (a TemporaryDirectory cleaned up right after a save); the fsync that follows never touches the path."""
+    model, _ = _model(fabric)
+    with tempfile.TemporaryDirectory(dir=tmp_path) as folder:
+        target = Path(folder) / "a.ckpt"
+        fabric.save(target, {"model": model, "step": 1})
+        assert target.is_file() and torch.load(target, weights_only=True)["step"] == 1
+        assert [p.name for p in Path(folder).iterdir()] == ["a.ckpt"]
+    background.wait_all()  # the background fsync of the removed file raised nothing
+    assert not Path(folder).exists()
+
+
+def test_no_thread_of_ours_outlives_wait(fabric, tmp_path):
+    def ours():
+        return [t for t in threading.enumerate() if t.name == background.THREAD_NAME]
+
+    model, _ = _model(fabric)
+    fabric.save(tmp_path / "a.ckpt", {"model": model}).wait()
+    assert ours() == []
+    fabric.save(tmp_path / "b.ckpt", {"model": model}, async_save=True).wait()
+    assert ours() == []
+    fabric.save(tmp_path / "c.ckpt", {"model": model}, keep_last=None)
+    fabric.strategy.teardown()  # waits for what is still in the background
+    assert ours() == []
 
 
 def test_load_and_a_new_save_of_the_path_wait_for_the_commit(fabric, tmp_path):

@@ -560,3 +560,37 @@ def test_environment_untouched_by_wrappers():
     model, optimizer = fabric.setup(module, torch.optim.SGD(module.parameters(), lr=0.1))
     list(fabric.setup_dataloaders(DataLoader(list(range(2)))))
     assert dict(os.environ) == before
+
+
+def test_a_stateful_loader_is_saved_in_the_references_layout_and_resumes_both_ways(tmp_path):
+    """Under the loader's key: the wrapped loader's own state, as the reference (which saves the unwrapped loader)
+    stores it, so the reference resumes from our checkpoint; our epoch counter is stored apart."""
+    stateful = pytest.importorskip("torchdata.stateful_dataloader", reason="`make setup` installs torchdata")
+    fabric = Fabric(accelerator="cpu", devices=1)
+    loader = fabric.setup_dataloaders(_stateful_loader(seed=1))
+    list(loader)
+    iterator = iter(loader)
+    _consume(iterator, 2)
+    fabric.save(tmp_path / "ours.ckpt", {"loader": loader, "step": 3}).wait()
+    expected = [b.tolist() for b in iterator]
+
+    raw = torch.load(tmp_path / "ours.ckpt", weights_only=True)
+    assert "_num_yielded" in raw["loader"] and "fabric_epoch" not in raw["loader"]
+    assert raw["__fabric_extra__"] == {"loader": {"fabric_epoch": 1}}
+    # What the reference does with it: the unwrapped loader loads the entry under its key.
+    reference_side = _stateful_loader(seed=2)
+    reference_side.load_state_dict(raw["loader"])
+    assert [b.tolist() for b in reference_side] == expected
+
+    # Ours: the rest of the epoch in progress, and the epoch counter back.
+    resumed = fabric.setup_dataloaders(_stateful_loader(seed=3))
+    state = {"loader": resumed, "step": 0}
+    assert fabric.load(tmp_path / "ours.ckpt", state) == {}
+    assert [b.tolist() for b in resumed] == expected and resumed._num_iter_calls == 2 and state["step"] == 3
+
+    # A checkpoint of the reference (the unwrapped loader's state alone) resumes here too.
+    torch.save({"loader": raw["loader"], "step": 3}, tmp_path / "reference.ckpt")
+    from_reference = fabric.setup_dataloaders(_stateful_loader(seed=4))
+    fabric.load(tmp_path / "reference.ckpt", {"loader": from_reference})
+    assert [b.tolist() for b in from_reference] == expected
+    assert isinstance(reference_side, stateful.StatefulDataLoader)

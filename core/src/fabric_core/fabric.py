@@ -597,6 +597,7 @@ class Fabric:
                     raise TypeError(f"Expected `fabric.save(filter=...)` for key {key!r} to be a callable, given {fn!r}")
         self._validate_launched()
         location = CheckpointLocation.of(path)  # decided once: a local path or a URL
+        location.check_reachable_by(self.world_size)
         if keep_last is not None:  # bad values fail before anything is written
             if not isinstance(keep_last, int) or isinstance(keep_last, bool) or keep_last < 1:
                 raise ValueError(f"`keep_last` must be a positive integer, got {keep_last!r}.")
@@ -626,6 +627,7 @@ class Fabric:
         """
         self._validate_launched()
         location = CheckpointLocation.of(path)  # decided once: a local path or a URL
+        location.check_reachable_by(self.world_size)
         background.wait(location)  # a save of this path still finishing here lands first
         if self.world_size > 1:
             self._strategy.barrier()  # ... and on every rank: rank 0 may still have been committing it

@@ -599,6 +599,24 @@ class FabricDataLoader:
             state["dataloader"] = inner()
         return state
 
+    def checkpoint_state(self) -> tuple[Any, dict[str, Any] | None]:
+        """What ``fabric.save`` stores, in the reference's layout: under the loader's key the wrapped loader's own
+        ``state_dict()`` (the reference saves the unwrapped loader), and apart (``__fabric_extra__``) the epoch
+        counter and sampler seed. A loader without state of its own is stored as :meth:`state_dict`."""
+        state = self.state_dict()
+        if "dataloader" not in state:
+            return state, None
+        inner = state.pop("dataloader")
+        return inner, state
+
+    def load_checkpoint_state(self, entry: Any, extra: dict[str, Any] | None) -> None:
+        """Restore what :meth:`checkpoint_state` stored; ``extra`` is ``None`` for a checkpoint of the reference
+        (the wrapped loader's state alone: the epoch counter stays)."""
+        if extra is not None and isinstance(entry, dict) and "fabric_epoch" not in entry:
+            self.load_state_dict({**extra, "dataloader": entry})
+        else:
+            self.load_state_dict(entry)
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned; a wrapped loader's own state (as saved unwrapped) works too."""
         if not isinstance(state_dict, dict):

@@ -390,3 +390,12 @@ def test_a_rank_dying_during_a_sharded_save_leaves_the_previous_checkpoint_and_n
     assert (tmp_path / "error0").read_text().strip(), "rank 0 must fail with an error, not hang or succeed"
     assert [p.name for p in tmp_path.iterdir() if is_temporary(p)] == []
     assert load_sharded_checkpoint(tmp_path / "ckpt")["step"] == 1  # the previous checkpoint, complete
+
+
+def test_load_raw_into_modules_that_rename_keys_while_loading(tmp_path: Path) -> None:
+    """A full checkpoint into an FSDP model whose LoRA-style layers rename keys in a load_state_dict pre-hook."""
+    run_ranks(SCRIPTS / "renaming_load.py", str(tmp_path), timeout=180, tmp_path=tmp_path)
+    for rank in (0, 1):
+        result = read_json(tmp_path / f"rename{rank}.json")
+        assert result["diff"] == 0.0, result
+        assert "Missing key(s)" in result["strict_error"] and "lora_b" in result["strict_error"], result

@@ -85,6 +85,10 @@ class FormatContext:
     background_coordinator: Callable[[], Coordinator]
     #: What happens to the converted state before this rank writes it (fabric-xla: one copy to CPU memory).
     prepare_for_writing: Callable[[dict[str, Any]], dict[str, Any]] = lambda converted: converted
+    #: ``(state, checkpoint)``: raise, before anything is loaded, when ``checkpoint`` cannot be restored into
+    #: ``state`` by these adapters (fabric-deepspeed: a plain optimizer state for a ZeRO optimizer). So a load that
+    #: fails leaves the user's objects as they were.
+    check_restore: Callable[[Any, dict[str, Any]], None] = lambda state, checkpoint: None
 
     def state_to_save(self, state: Mapping[str, Any], filter: Filter | None = None) -> dict[str, Any]:
         """What a checkpoint of ``state`` holds, through this context's adapters (and the precision's state), as
@@ -100,6 +104,7 @@ class FormatContext:
 
     def restore(self, state: Any, checkpoint: dict[str, Any], strict: bool) -> dict[str, Any]:
         """Load ``checkpoint`` into ``state`` in place through this context's adapters; return the remainder."""
+        self.check_restore(state, checkpoint)
         return restore_state(
             state,
             checkpoint,

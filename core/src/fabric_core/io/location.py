@@ -101,6 +101,16 @@ class CheckpointLocation:
         match = _SCHEME.match(self._text) if self._is_url else None
         return match.group(1).lower() if match else "file"
 
+    def check_reachable_by(self, world_size: int) -> None:
+        """Refuse (``ValueError``) a location the processes of one job cannot all reach: ``memory://`` is fsspec's
+        store of one process, so a checkpoint one rank writes there is invisible to the others."""
+        if world_size > 1 and self.scheme == "memory":
+            raise ValueError(
+                f"{self._text!r} is in fsspec's in-process `memory://` store, which every process has its own of: with"
+                f" {world_size} processes, what one writes there the others cannot read. Save to a folder all processes"
+                " share, or an object store (`s3://...`)."
+            )
+
     @property
     def name(self) -> str:
         """The last component (``step-10.ckpt``)."""

@@ -131,6 +131,10 @@ class StagedVersion:
                     self.target.child(name).remove()
                 except Exception:  # noqa: S110 - the next save tries again
                     pass
+        # A single-file checkpoint saved at this key before is replaced by the folder: drop that object (only it).
+        fs, inner = self.target.filesystem()
+        if fs.isfile(inner):
+            fs.rm_file(inner)
 
     def _remove(self) -> None:
         try:

@@ -7,7 +7,8 @@ dict and back (gathered, sharded, wrapped in an engine). So the walk lives here 
 only those two conversions:
 
 * :func:`state_to_save` turns a user state into what is written (applying ``filter`` and adding the precision's
-  own state under :data:`PRECISION_STATE_KEY`);
+  own state under :data:`PRECISION_STATE_KEY`; a :class:`SplitStateful` object, such as Fabric's dataloader,
+  keeps another library's layout under its key and Fabric's additions under :data:`EXTRA_STATE_KEY`);
 * :func:`restore_state` loads a checkpoint back into a user state in place, with strict missing-key errors,
   and returns what the checkpoint holds beyond it.
 """
@@ -22,6 +23,9 @@ from torch.optim import Optimizer
 
 #: Where a precision plugin's state (e.g. a GradScaler) is stored inside a checkpoint.
 PRECISION_STATE_KEY = "__fabric_precision__"
+#: Fabric's own additions to entries stored in another library's layout, by the entry's key (a dataloader's epoch
+#: counter beside the state of the loader it wraps, stored as the reference stores it).
+EXTRA_STATE_KEY = "__fabric_extra__"
 
 Filter = Mapping[str, Callable[[str, Any], bool]]
 
@@ -33,6 +37,21 @@ class Stateful(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> Any: ...
+
+
+@runtime_checkable
+class SplitStateful(Protocol):
+    """A stateful object whose checkpoint entry keeps another library's layout, with Fabric's additions apart.
+
+    ``checkpoint_state()`` returns ``(entry, extra)``: ``entry`` is stored under the object's key as that library
+    (or the reference Fabric) stores it, ``extra`` (a dict, or ``None``) under :data:`EXTRA_STATE_KEY`; so a program
+    that knows only the library's layout reads the entry, and Fabric restores both through
+    ``load_checkpoint_state(entry, extra)`` (``extra`` is ``None`` for a checkpoint written by such a program).
+    """
+
+    def checkpoint_state(self) -> tuple[Any, dict[str, Any] | None]: ...
+
+    def load_checkpoint_state(self, entry: Any, extra: dict[str, Any] | None) -> None: ...
 
 
 def is_stateful(obj: Any) -> bool:
@@ -55,11 +74,16 @@ def state_to_save(
     state becomes empty is dropped). A non-empty ``precision_state`` is stored under :data:`PRECISION_STATE_KEY`.
     """
     converted: dict[str, Any] = {}
+    extras: dict[str, Any] = {}
     for key, obj in state.items():
         if isinstance(obj, Module):
             value = module_state(obj)
         elif isinstance(obj, Optimizer):
             value = optimizer_state(obj)
+        elif isinstance(obj, SplitStateful):
+            value, extra = obj.checkpoint_state()
+            if extra is not None:
+                extras[key] = extra
         elif is_stateful(obj):
             value = obj.state_dict()
         else:
@@ -69,6 +93,8 @@ def state_to_save(
             if not value:
                 continue
         converted[key] = value
+    if extras:
+        converted[EXTRA_STATE_KEY] = {k: v for k, v in extras.items() if k in converted}
     if precision_state:
         converted[PRECISION_STATE_KEY] = dict(precision_state)
     return converted
@@ -114,6 +140,7 @@ def restore_state(
     if not state:
         return checkpoint
     precision_state = checkpoint.pop(PRECISION_STATE_KEY, None)
+    extras = checkpoint.pop(EXTRA_STATE_KEY, None) or {}
     check_missing(state, checkpoint, strict)
     for key, obj in list(state.items()):
         if key not in checkpoint:
@@ -123,6 +150,8 @@ def restore_state(
             load_module(obj, value, strict)
         elif isinstance(obj, Optimizer):
             load_optimizer(obj, value)
+        elif isinstance(obj, SplitStateful):
+            obj.load_checkpoint_state(value, extras.get(key))
         elif is_stateful(obj):
             obj.load_state_dict(value)
         else:

@@ -1,12 +1,20 @@
-"""DeepSpeed checkpoints: saving and loading them from the strategy, and reading them without DeepSpeed's engine.
+"""DeepSpeed checkpoints as a format of the core's checkpoint interface (:mod:`fabric_core.io.format`).
 
-The layout is described in :mod:`fabric_deepspeed.layout`. What is not DeepSpeed-specific comes from the core:
-the walk over the user's state (:mod:`fabric_core.io.state`), reading files and other plugins' directories
-(:mod:`fabric_core.io.formats`) and the crash-safe multi-rank directory commit
-(:func:`fabric_core.io.commit.commit_directory`). What stays here is how an engine becomes DeepSpeed's directory
-and back, and how full weights go into (or come out of) a partitioned model.
+:class:`DeepSpeedFormat` writes DeepSpeed's own checkpoint folder (its engine writes it, every rank its files) and
+commits it with the core's :func:`~fabric_core.io.commit.commit_directory`, on a local disk or at a URL; it loads
+it through the engine when as many ranks load as saved (the ZeRO partitions included), and as full weights
+otherwise. The layout is described in :mod:`fabric_deepspeed.layout`.
 
-:func:`load_deepspeed_checkpoint` turns a DeepSpeed directory into the single-file layout in one process, with no
+DeepSpeed's engine reads and writes local folders only. At a URL every rank writes into a local scratch folder
+(the system's temporary directory) and uploads its files into the version the core stages; loading downloads the
+committed version into a scratch folder first (every file: make room for the whole checkpoint).
+
+Loading a single file or another plugin's folder into engines goes through the core's formats, with the adapters
+of this module that ``DeepSpeedStrategy.checkpoint_context()`` hands over: full weights are loaded into the engine
+(gathered under ZeRO-3) and DeepSpeed's float32 master weights refreshed (:func:`load_full_weights`); a plain
+optimizer state dict cannot go into a ZeRO optimizer (:func:`check_restorable` refuses before anything is loaded).
+
+:func:`load_deepspeed_checkpoint` turns a DeepSpeed folder into the single-file layout in one process, with no
 process group (DeepSpeed's ``zero_to_fp32`` merges the partitions into float32 weights); the core uses it through
 the ``fabric_select_checkpoint_reader`` hook (a single device, DDP, FSDP) and for ``fabric consolidate``.
 """
@@ -17,34 +25,35 @@ import contextlib
 import io
 import os
 import pickle
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.nn import Module
 from torch.optim import Optimizer
 
-from fabric_core.io.commit import check_replaceable, commit_directory
-from fabric_core.io.errors import CheckpointPathError
+from fabric_core.io.commit import check_replaceable, commit_directory, committed_folder
+from fabric_core.io.format import CheckpointFormat, FormatContext
+from fabric_core.io.location import CheckpointLocation
 from fabric_core.io.state import Filter, check_missing, restore_state, state_to_save
 from fabric_deepspeed import runtime
-from fabric_deepspeed.layout import (
-    FORMAT_KEY,
-    FORMAT_VERSION,
-    LATEST,
-    TAG,
-    is_deepspeed_checkpoint,
-    model_states_files,
-    read_tag,
-    tag_folder_parent,
-)
+from fabric_deepspeed.layout import FORMAT_KEY, FORMAT_VERSION, LATEST, TAG, is_deepspeed_checkpoint, model_states_files, read_tag
 
-if TYPE_CHECKING:
-    from fabric_deepspeed.strategy import DeepSpeedStrategy
-
-__all__ = ["DeepSpeedCheckpointError", "check_safe_to_load", "find_engine", "load", "load_deepspeed_checkpoint", "save"]
+__all__ = [
+    "DeepSpeedCheckpointError",
+    "DeepSpeedFormat",
+    "check_restorable",
+    "check_safe_to_load",
+    "find_engine",
+    "load_deepspeed_checkpoint",
+    "load_full_weights",
+    "load_module_state",
+    "load_optimizer_state",
+]
 
 
 class DeepSpeedCheckpointError(RuntimeError):
@@ -114,7 +123,7 @@ def _check_picklable(obj: Any) -> None:
     torch.save(obj, _NullWriter())
 
 
-# ---------------------------------------------------------------------------------------------------- strategy side
+# ---------------------------------------------------------------------------------------------------- state
 def find_engine(state: dict[str, Any], action: str) -> tuple[str, Any]:
     """The one DeepSpeed engine in ``state`` (key and engine); none or several are a ``ValueError``."""
     found = [(k, v) for k, v in state.items() if runtime.is_engine(v)]
@@ -142,165 +151,9 @@ def _optimizer_key(state: dict[str, Any], engine: Any) -> str | None:
     return next((k for k, v in state.items() if v is own or (inner is not None and v is inner)), None)
 
 
-def save(
-    strategy: DeepSpeedStrategy, path: Path, state: dict[str, Any], storage_options: Any, filter: Filter | None
-) -> None:
-    if storage_options is not None:
-        raise TypeError(
-            "`DeepSpeedStrategy.save_checkpoint(..., storage_options=...)` is not supported because"
-            " `DeepSpeedStrategy` does not use the `CheckpointIO`: DeepSpeed's engine writes the directory."
-            " Leave `storage_options` out."
-        )
-    if filter is not None:
-        raise TypeError(
-            "`DeepSpeedStrategy.save_checkpoint(..., filter=...)` is not supported because `DeepSpeedStrategy`"
-            " manages the state serialization internally. Save without a filter; to keep only some weights, run"
-            " `fabric consolidate` on the checkpoint and filter the resulting state dict."
-        )
-    key, engine = find_engine(state, "save")
-    optimizer_key = _optimizer_key(state, engine)
-    rest = {k: v for k, v in state.items() if k != key and k != optimizer_key}
-    record = {
-        "version": FORMAT_VERSION,
-        "model": key,
-        "optimizer": optimizer_key,
-        "world_size": strategy.world_size,
-        "zero_stage": strategy.zero_stage,
-        "state": state_to_save(
-            rest,
-            module_state=lambda m: m.state_dict(),
-            optimizer_state=lambda o: o.state_dict(),
-            precision_state=strategy.precision.state_dict(),
-        ),
-    }
-    _check_picklable(record)
-    check_replaceable(path, is_deepspeed_checkpoint, "a DeepSpeed checkpoint")
-
-    def write(tmp: Path) -> None:
-        engine.save_checkpoint(
-            str(tmp), tag=TAG, client_state={FORMAT_KEY: record}, exclude_frozen_parameters=strategy.exclude_frozen_parameters
-        )
-
-    commit_directory(path, write, strategy)
-
-
 def _record_from(client_state: dict[str, Any] | None) -> dict[str, Any] | None:
     record = (client_state or {}).get(FORMAT_KEY)
     return record if isinstance(record, dict) and "state" in record else None
-
-
-def _check_directory(path: Path) -> str:
-    """The tag of the DeepSpeed checkpoint at ``path``, or an error that says what ``path`` is instead."""
-    if not path.exists():
-        raise CheckpointPathError(
-            f"The path {str(path)!r} does not point to a valid checkpoint: nothing exists there. Make sure the path"
-            " points to a DeepSpeed checkpoint directory (written by `fabric.save`) or a single checkpoint file."
-        )
-    parent = tag_folder_parent(path)
-    if parent is not None:
-        raise FileNotFoundError(
-            f"The provided path is not a valid DeepSpeed checkpoint: {str(path)!r}. It is the {path.name!r} folder"
-            f" inside one; load the directory that holds it instead: {str(parent)!r}."
-        )
-    tag = read_tag(path)
-    if tag is None or not model_states_files(path, tag):
-        raise FileNotFoundError(
-            f"The provided path is not a valid DeepSpeed checkpoint: {str(path)!r} has no {LATEST!r} file naming a"
-            " folder of DeepSpeed model states. Pass the directory `fabric.save` wrote."
-        )
-    return tag
-
-
-def load(
-    strategy: DeepSpeedStrategy,
-    path: Path,
-    state: Module | Optimizer | dict[str, Any] | None,
-    strict: bool,
-    weights_only: bool | None,
-) -> dict[str, Any]:
-    """Restore ``state`` in place; returns what the checkpoint holds beyond it.
-
-    * a DeepSpeed directory, saved on as many ranks: the engine reads its partitions (model, and the optimizer if
-      the state asks for it); the rest comes from the client state;
-    * a single file, another plugin's directory, or a DeepSpeed directory saved on another number of ranks: the
-      full weights are read in every process and loaded into the engine (``GatheredParameters`` under stage 3),
-      then DeepSpeed's float32 master weights are refreshed from them; ZeRO optimizer state cannot come from a
-      plain optimizer state dict (``NotImplementedError``);
-    * a bare module or optimizer (``fabric.load_raw``): the file *is* its state dict.
-    """
-    if isinstance(state, (Module, Optimizer)) or _is_deepspeed_optimizer(state):
-        return _load_raw(strategy, path, state, strict, weights_only)
-    if not state:
-        raise ValueError(
-            f"Got DeepSpeedStrategy.load_checkpoint(..., state={state!r}) but a state with at least  a model instance"
-            " to reload is required. Pass it in like so: DeepSpeedStrategy.load_checkpoint(..., state={'model':"
-            " model, ...})"
-        )
-    if not path.exists():
-        _check_directory(path)
-    if path.is_file() or not is_deepspeed_checkpoint(path):
-        if path.is_dir():
-            find_reader = strategy.checkpoint_context().find_reader
-            if tag_folder_parent(path) is not None or find_reader is None or find_reader(path) is None:
-                _check_directory(path)  # raises, saying what the directory is
-        return _load_full(strategy, path, state, strict, weights_only)
-
-    tag = _check_directory(path)
-    key, engine = find_engine(state, "load")
-    optimizer_key = _optimizer_key(state, engine)
-    check_safe_to_load(path, tag, weights_only)
-    saved = _read_record(path, tag)
-    if saved is not None and saved.get("world_size") not in (None, strategy.world_size):
-        if optimizer_key is not None:
-            raise ValueError(
-                f"The DeepSpeed checkpoint {str(path)!r} was saved on {saved['world_size']} ranks and is loaded on"
-                f" {strategy.world_size}: DeepSpeed's ZeRO optimizer state can only be loaded on as many ranks as"
-                " saved it. Load only the model (leave the optimizer out of the state), or use the same number of"
-                " processes."
-            )
-        return _load_full(strategy, path, state, strict, weights_only)
-    rest = {k: v for k, v in state.items() if k not in (key, optimizer_key)}
-    if saved is not None:
-        available = {*saved["state"], *(k for k in (saved.get("model"), saved.get("optimizer")) if k)}
-        asked = [k for k in rest] + ([optimizer_key] if optimizer_key is not None and saved.get("optimizer") is None else [])
-        check_missing(asked, available, strict)
-    loaded_path, client_state = engine.load_checkpoint(
-        str(path),
-        tag=tag,
-        load_module_strict=strict,
-        load_optimizer_states=optimizer_key is not None,
-        load_lr_scheduler_states=False,
-    )
-    if loaded_path is None:
-        raise RuntimeError(
-            "DeepSpeed was unable to load the checkpoint. Ensure you passed in a DeepSpeed compatible checkpoint or"
-            f" a single checkpoint file: {str(path)!r}."
-        )
-    record = _record_from(client_state)
-    checkpoint: dict[str, Any] = dict(record["state"]) if record is not None else _plain_client_state(client_state)
-    remainder = restore_state(
-        rest,
-        checkpoint,
-        strict=strict,
-        load_module=lambda m, sd, s: m.load_state_dict(sd, strict=s),
-        load_optimizer=lambda o, sd: o.load_state_dict(sd),
-        load_precision=strategy.precision.load_state_dict,
-    )
-    state.update(rest)  # plain values (step, epoch) were replaced in `rest`
-    return remainder
-
-
-def _is_deepspeed_optimizer(obj: Any) -> bool:
-    base = sys.modules.get("deepspeed.runtime.base_optimizer")
-    return base is not None and isinstance(obj, base.DeepSpeedOptimizer)
-
-
-def _read_record(path: Path, tag: str) -> dict[str, Any] | None:
-    files = model_states_files(path, tag)
-    if not files:
-        return None
-    states = torch.load(files[0], map_location="cpu", weights_only=False, mmap=True)
-    return _record_from(states)
 
 
 _DEEPSPEED_KEYS = {
@@ -335,56 +188,41 @@ def _plain_client_state(client_state: dict[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in (client_state or {}).items() if k not in _DEEPSPEED_KEYS and not k.startswith("ds_")}
 
 
-def _load_raw(strategy: DeepSpeedStrategy, path: Path, obj: Any, strict: bool, weights_only: bool | None) -> dict[str, Any]:
-    """``fabric.load_raw``: the file holds a plain state dict of ``obj``."""
-    if path.is_dir():
-        raise ValueError(
-            f"`fabric.load_raw` expects a file with a plain PyTorch state dict, but {str(path)!r} is a directory. Load a"
-            " checkpoint directory with `fabric.load(path, {'model': model, ...})`."
-        )
-    if isinstance(obj, Module):
-        load_full_weights(strategy, obj, strategy.read_checkpoint(path, weights_only=weights_only), strict)
-        return {}
-    owner = next((e for e in strategy.engines if e.optimizer is obj), None)
-    if isinstance(obj, Optimizer) and (owner is None or owner.zero_optimization_stage() == 0):
-        # Not an engine's, or the engine steps this torch optimizer itself (ZeRO off, float32): a plain load.
-        obj.load_state_dict(strategy.read_checkpoint(path, weights_only=weights_only))
-        return {}
-    raise NotImplementedError(
-        "Loading a plain PyTorch optimizer state dict into DeepSpeed's ZeRO optimizer is not supported: its state is"
-        " partitioned across ranks (and held as flat float32 groups). Load a DeepSpeed checkpoint with"
-        " `fabric.load(path, {'model': model, 'optimizer': optimizer})`, or start the optimizer fresh."
-    )
+# ---------------------------------------------------------------------------------------------------- URLs
+@contextlib.contextmanager
+def _local_folder(location: CheckpointLocation) -> Iterator[Path]:
+    """The checkpoint folder at ``location`` as a local folder: itself, or a scratch copy of a URL's committed
+    version (removed afterwards)."""
+    if not location.is_url:
+        yield location.path
+        return
+    folder = committed_folder(location)
+    scratch = Path(tempfile.mkdtemp(prefix="fabric-deepspeed-"))
+    try:
+        fs, inner = folder.filesystem()
+        base = inner.rstrip("/")
+        for remote_file in fs.find(base):
+            relative = remote_file[len(base) :].lstrip("/")
+            local = scratch / relative
+            local.parent.mkdir(parents=True, exist_ok=True)
+            with fs.open(remote_file, "rb") as source, open(local, "wb") as target:
+                shutil.copyfileobj(source, target, 8 << 20)
+        yield scratch
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _load_full(
-    strategy: DeepSpeedStrategy, path: Path, state: dict[str, Any], strict: bool, weights_only: bool | None
-) -> dict[str, Any]:
-    """Full weights from a file or any checkpoint directory a reader understands, into the engine."""
-    key, engine = find_engine(state, "load")
-    optimizer_key = _optimizer_key(state, engine)
-    checkpoint = strategy.read_checkpoint(path, weights_only=weights_only)
-    if optimizer_key is not None and optimizer_key in checkpoint:
-        raise NotImplementedError(
-            f"The checkpoint {str(path)!r} holds the optimizer state as a plain PyTorch state dict, which cannot be"
-            " loaded into DeepSpeed's ZeRO optimizer (its state is partitioned across ranks). Leave the optimizer out"
-            f" of the state to load the rest: `fabric.load(path, {{{key!r}: model, ...}})`."
-        )
+def _upload(local: Path, folder: CheckpointLocation) -> None:
+    """Every file under ``local`` into ``folder`` (a URL), keeping relative paths."""
+    for root, _, files in os.walk(local):
+        for name in files:
+            source = Path(root, name)
+            with open(source, "rb") as src, folder.child(*source.relative_to(local).parts).open("wb") as dst:
+                shutil.copyfileobj(src, dst, 8 << 20)
 
-    def load_module(module: Module, state_dict: dict[str, Any], strict: bool) -> None:
-        if runtime.is_engine(module):
-            load_full_weights(strategy, module.module, state_dict, strict)
-        else:
-            module.load_state_dict(state_dict, strict=strict)
 
-    return restore_state(
-        state,
-        checkpoint,
-        strict=strict,
-        load_module=load_module,
-        load_optimizer=lambda o, sd: o.load_state_dict(sd),
-        load_precision=strategy.precision.load_state_dict,
-    )
+def _recognises(location: CheckpointLocation) -> bool:
+    return is_deepspeed_checkpoint(committed_folder(location) if location.is_url else location)
 
 
 @contextlib.contextmanager
@@ -400,14 +238,19 @@ def _gathered(module: Module) -> Iterator[None]:
         yield
 
 
-def load_full_weights(strategy: DeepSpeedStrategy, module: Module, state_dict: dict[str, Any], strict: bool) -> None:
-    """Load a full state dict into the user's module inside an engine, and into the optimizer's master weights.
+
+# ---------------------------------------------------------------------------------------------------- adapters
+def _engine_holding(engines: list[Any], module: Module) -> Any | None:
+    return next((e for e in engines if module is e or module is e.module), None)
+
+
+def load_full_weights(engine: Any, state_dict: dict[str, Any], strict: bool) -> None:
+    """Load a full state dict into the user's module inside ``engine``, and into the optimizer's master weights.
 
     Stage 3: the parameters are gathered and loaded (rank 0's values are partitioned again). Then the ZeRO
     optimizer's float32 master partitions are rebuilt from the loaded weights (``refresh_fp32_params``); otherwise
     its next step would bring the old weights back.
     """
-    engine = strategy.engine_of(module)
     module = engine.module
     with _gathered(module):
         module.load_state_dict(state_dict, strict=strict)
@@ -416,9 +259,216 @@ def load_full_weights(strategy: DeepSpeedStrategy, module: Module, state_dict: d
         refresh()
 
 
+def load_module_state(engines: list[Any], module: Module, state_dict: dict[str, Any], strict: bool) -> None:
+    """The module adapter: full weights into an engine (or the module inside one), a plain load otherwise."""
+    engine = _engine_holding(engines, module)
+    if engine is None:
+        module.load_state_dict(state_dict, strict=strict)
+    else:
+        load_full_weights(engine, state_dict, strict)
+
+
+ZERO_OPTIMIZER_STATE_ERROR = (
+    "Loading a plain PyTorch optimizer state dict into DeepSpeed's ZeRO optimizer is not supported: its state is"
+    " partitioned across ranks (and held as flat float32 groups). Load a DeepSpeed checkpoint with"
+    " `fabric.load(path, {'model': model, 'optimizer': optimizer})`, or start the optimizer fresh."
+)
+
+
+def load_optimizer_state(engines: list[Any], optimizer: Optimizer, state: dict[str, Any]) -> None:
+    """The optimizer adapter: a torch optimizer that no engine partitions (none owns it, or ZeRO is off) loads its
+    state dict; a ZeRO optimizer cannot (``NotImplementedError``)."""
+    owner = next((e for e in engines if e.optimizer is optimizer), None)
+    if isinstance(optimizer, Optimizer) and (owner is None or owner.zero_optimization_stage() == 0):
+        optimizer.load_state_dict(state)
+        return
+    raise NotImplementedError(ZERO_OPTIMIZER_STATE_ERROR)
+
+
+def check_restorable(state: Any, checkpoint: dict[str, Any]) -> None:
+    """Refuse, before anything is loaded, a checkpoint whose plain optimizer state would go into an engine's ZeRO
+    optimizer."""
+    if not isinstance(state, dict):
+        return
+    for key, engine in [(k, v) for k, v in state.items() if runtime.is_engine(v)]:
+        optimizer_key = _optimizer_key(state, engine)
+        if optimizer_key is not None and optimizer_key in checkpoint:
+            raise NotImplementedError(
+                "The checkpoint holds the optimizer state as a plain PyTorch state dict, which cannot be loaded into"
+                " DeepSpeed's ZeRO optimizer (its state is partitioned across ranks). Leave the optimizer out"
+                f" of the state to load the rest: `fabric.load(path, {{{key!r}: model, ...}})`."
+            )
+
+
+def is_deepspeed_optimizer(obj: Any) -> bool:
+    """Whether ``obj`` is one of DeepSpeed's optimizers (ZeRO's are not ``torch.optim.Optimizer`` subclasses)."""
+    base = sys.modules.get("deepspeed.runtime.base_optimizer")
+    return base is not None and isinstance(obj, base.DeepSpeedOptimizer)
+
+
+def _read_record(path: Path, tag: str) -> dict[str, Any] | None:
+    files = model_states_files(path, tag)
+    if not files:
+        return None
+    states = torch.load(files[0], map_location="cpu", weights_only=False, mmap=True)
+    return _record_from(states)
+
+
+# ---------------------------------------------------------------------------------------------------- the format
+class DeepSpeedFormat(CheckpointFormat):
+    """DeepSpeed's checkpoint folder, written by the engine on every rank, committed by the core.
+
+    Args:
+        zero_stage: recorded with the checkpoint.
+        exclude_frozen_parameters: leave parameters with ``requires_grad=False`` out (DeepSpeed's option).
+    """
+
+    description = "a DeepSpeed checkpoint directory (written by `fabric.save`)"
+
+    def __init__(self, *, zero_stage: int, exclude_frozen_parameters: bool = False) -> None:
+        self.zero_stage = zero_stage
+        self.exclude_frozen_parameters = exclude_frozen_parameters
+
+    def recognises(self, location: CheckpointLocation) -> bool:
+        return _recognises(location)
+
+    def write(
+        self,
+        location: CheckpointLocation,
+        state: dict[str, Any],
+        context: FormatContext,
+        *,
+        filter: Filter | None = None,
+        storage_options: Any | None = None,
+    ) -> None:
+        """The engine writes its folder on every rank (the partitions of its ZeRO optimizer included); the rest of
+        the state goes into DeepSpeed's client state under our record. Nothing is written when the state cannot
+        be saved (no engine, an object that does not pickle, a folder of the user's at ``location``)."""
+        if storage_options is not None:
+            raise TypeError(
+                "`DeepSpeedStrategy.save_checkpoint(..., storage_options=...)` is not supported because"
+                " `DeepSpeedStrategy` does not use the `CheckpointIO`: DeepSpeed's engine writes the directory."
+                " Leave `storage_options` out."
+            )
+        if filter is not None:
+            raise TypeError(
+                "`DeepSpeedStrategy.save_checkpoint(..., filter=...)` is not supported because `DeepSpeedStrategy`"
+                " manages the state serialization internally. Save without a filter; to keep only some weights, run"
+                " `fabric consolidate` on the checkpoint and filter the resulting state dict."
+            )
+        key, engine = find_engine(state, "save")
+        optimizer_key = _optimizer_key(state, engine)
+        rest = {k: v for k, v in state.items() if k != key and k != optimizer_key}
+        record = {
+            "version": FORMAT_VERSION,
+            "model": key,
+            "optimizer": optimizer_key,
+            "world_size": context.world_size,
+            "zero_stage": self.zero_stage,
+            "state": state_to_save(
+                rest,
+                module_state=lambda m: m.state_dict(),
+                optimizer_state=lambda o: o.state_dict(),
+                precision_state=context.precision_state(),
+            ),
+        }
+        _check_picklable(record)
+        if not location.is_url:
+            check_replaceable(location.path, is_deepspeed_checkpoint, "a DeepSpeed checkpoint")
+
+        def save_into(folder: Path) -> None:
+            engine.save_checkpoint(
+                str(folder),
+                tag=TAG,
+                client_state={FORMAT_KEY: record},
+                exclude_frozen_parameters=self.exclude_frozen_parameters,
+            )
+
+        def write(folder: CheckpointLocation) -> None:
+            if not folder.is_url:
+                save_into(folder.path)
+                return
+            scratch = Path(tempfile.mkdtemp(prefix="fabric-deepspeed-"))
+            try:
+                save_into(scratch)
+                _upload(scratch, folder)
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+
+        commit_directory(location, write, context.coordinator)
+
+    def read(
+        self, location: CheckpointLocation, map_location: Any = "cpu", weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        return load_deepspeed_checkpoint(location, map_location=map_location, weights_only=weights_only)
+
+    def load(
+        self,
+        location: CheckpointLocation,
+        state: Any,
+        context: FormatContext,
+        *,
+        strict: bool = True,
+        weights_only: bool | None = None,
+    ) -> dict[str, Any]:
+        """Saved on as many ranks: the engine reads its partitions (the model, and the optimizer if the state asks
+        for it); the rest comes from the client state. Saved on another number of ranks: full weights (float32,
+        merged by ``zero_to_fp32``) into the engine, without the optimizer."""
+        if isinstance(state, (Module, Optimizer)):
+            raise ValueError(
+                f"`fabric.load_raw` expects a file with a plain PyTorch state dict, but {str(location)!r} is a"
+                " directory. Load a checkpoint directory with `fabric.load(path, {'model': model, ...})`."
+            )
+        key, engine = find_engine(state, "load")
+        optimizer_key = _optimizer_key(state, engine)
+        with _local_folder(location) as path:
+            tag = read_tag(path)
+            assert tag is not None  # recognised before
+            check_safe_to_load(path, tag, weights_only)
+            saved = _read_record(path, tag)
+            if saved is not None and saved.get("world_size") not in (None, context.world_size):
+                if optimizer_key is not None:
+                    raise ValueError(
+                        f"The DeepSpeed checkpoint {str(location)!r} was saved on {saved['world_size']} ranks and is"
+                        f" loaded on {context.world_size}: DeepSpeed's ZeRO optimizer state can only be loaded on as"
+                        " many ranks as saved it. Load only the model (leave the optimizer out of the state), or use"
+                        " the same number of processes."
+                    )
+                return context.restore(state, self.read(location, weights_only=weights_only), strict)
+            rest = {k: v for k, v in state.items() if k not in (key, optimizer_key)}
+            if saved is not None:
+                available = {*saved["state"], *(k for k in (saved.get("model"), saved.get("optimizer")) if k)}
+                asked = list(rest) + ([optimizer_key] if optimizer_key is not None and saved.get("optimizer") is None else [])
+                check_missing(asked, available, strict)
+            loaded_path, client_state = engine.load_checkpoint(
+                str(path),
+                tag=tag,
+                load_module_strict=strict,
+                load_optimizer_states=optimizer_key is not None,
+                load_lr_scheduler_states=False,
+            )
+        if loaded_path is None:
+            raise RuntimeError(
+                "DeepSpeed was unable to load the checkpoint. Ensure you passed in a DeepSpeed compatible checkpoint"
+                f" or a single checkpoint file: {str(location)!r}."
+            )
+        record = _record_from(client_state)
+        checkpoint: dict[str, Any] = dict(record["state"]) if record is not None else _plain_client_state(client_state)
+        remainder = restore_state(
+            rest,
+            checkpoint,
+            strict=strict,
+            load_module=lambda m, sd, s: m.load_state_dict(sd, strict=s),
+            load_optimizer=lambda o, sd: o.load_state_dict(sd),
+            load_precision=context.load_precision_state,
+        )
+        state.update(rest)  # plain values (step, epoch) were replaced in `rest`
+        return remainder
+
+
 # ---------------------------------------------------------------------------------------------------- reader
 def load_deepspeed_checkpoint(
-    path: str | os.PathLike, map_location: Any = "cpu", weights_only: bool | None = None
+    path: CheckpointLocation | str | os.PathLike, map_location: Any = "cpu", weights_only: bool | None = None
 ) -> dict[str, Any]:
     """Read a DeepSpeed checkpoint directory into one plain dict in this process (no process group needed).
 
@@ -426,20 +476,25 @@ def load_deepspeed_checkpoint(
     partitions for ZeRO 1-3; stage 0 stores the module whole, upcast here), the other entries are the saved
     non-model state. The ZeRO optimizer state is not converted (it stays with DeepSpeed), so the result has no
     optimizer entry. A checkpoint written by a plain DeepSpeed script (without our record) gives its model under
-    ``"model"``. Needs memory for the full float32 model.
+    ``"model"``. Needs memory for the full float32 model. A checkpoint at a URL is downloaded to a scratch folder.
     """
-    path = Path(path)
-    if not is_deepspeed_checkpoint(path):
+    location = CheckpointLocation.of(path)
+    if not _recognises(location):
         raise ValueError(
-            f"{str(path)!r} is not a DeepSpeed checkpoint: expected a directory with a {LATEST!r} file naming a folder"
-            " of DeepSpeed model states."
+            f"{str(location)!r} is not a DeepSpeed checkpoint: expected a directory with a {LATEST!r} file naming a"
+            " folder of DeepSpeed model states."
         )
+    with _local_folder(location) as local:
+        return _read_local(local, map_location, weights_only)
+
+
+def _read_local(path: Path, map_location: Any, weights_only: bool | None) -> dict[str, Any]:
     tag = read_tag(path)
     assert tag is not None
     runtime.import_for_reading()
     check_safe_to_load(path, tag, weights_only)
     files = model_states_files(path, tag)
-    first = torch.load(files[0], map_location="cpu", weights_only=False, mmap=True)
+    first = torch.load(os.fspath(files[0]), map_location="cpu", weights_only=False, mmap=True)
     record = _record_from(first)
     model_key = record["model"] if record is not None else "model"
     optim_files = list((path / tag).glob("*optim_states.pt"))

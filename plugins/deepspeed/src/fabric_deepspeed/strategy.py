@@ -13,6 +13,7 @@ engine that owns that optimizer) and no ``backward_sync_control`` (``no_backward
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import os
 from contextlib import AbstractContextManager, ExitStack, nullcontext
@@ -27,6 +28,8 @@ from torch.nn import Module
 from torch.optim import Optimizer
 
 from fabric_core.io.background import CheckpointHandle
+from fabric_core.io.format import CheckpointFormat, FormatContext
+from fabric_core.io.location import CheckpointLocation
 from fabric_core.io.state import Filter
 from fabric_core.precision.base import Precision
 from fabric_core.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy, collective_timeout
@@ -34,6 +37,7 @@ from fabric_core.utilities.rank_zero import rank_zero_warn
 from fabric_deepspeed import checkpoint as ds_checkpoint
 from fabric_deepspeed import config as ds_config
 from fabric_deepspeed import runtime
+from fabric_deepspeed.layout import tag_folder_parent
 from fabric_deepspeed.precision import SUPPORTED, DeepSpeedPrecision
 
 if TYPE_CHECKING:
@@ -443,20 +447,31 @@ class DeepSpeedStrategy(ParallelStrategy):
         raise NotImplementedError(_CLIPPING)
 
     # ---------------------------------------------------------------------------------------- checkpoints
-    def save_checkpoint(
-        self,
-        path: str | Path,
-        state: dict[str, Any],
-        storage_options: Any | None = None,
-        filter: Filter | None = None,
-    ) -> None:
-        """DeepSpeed's checkpoint directory, written by every rank and committed crash-safely; the state that is not
-        the engine is stored as DeepSpeed's client state (:mod:`fabric_deepspeed.checkpoint`)."""
-        ds_checkpoint.save(self, Path(path), state, storage_options, filter)
+    def checkpoint_format(self) -> CheckpointFormat:
+        """DeepSpeed's checkpoint folder, written by every rank's engine, committed by the core
+        (:class:`~fabric_deepspeed.checkpoint.DeepSpeedFormat`)."""
+        return ds_checkpoint.DeepSpeedFormat(
+            zero_stage=self.zero_stage, exclude_frozen_parameters=self.exclude_frozen_parameters
+        )
+
+    def checkpoint_formats(self) -> list[CheckpointFormat]:
+        """DeepSpeed folders (through the engine), then single files (full weights into the engine)."""
+        return [self.checkpoint_format(), *super().checkpoint_formats()]
+
+    def checkpoint_context(self) -> FormatContext:
+        """The core's context with DeepSpeed's adapters: full weights go into the engine (and its float32 master
+        weights); a plain optimizer state dict is refused for a ZeRO optimizer before anything is loaded."""
+        engines = self.engines
+        return dataclasses.replace(
+            super().checkpoint_context(),
+            load_module_state=lambda module, state, strict: ds_checkpoint.load_module_state(engines, module, state, strict),
+            load_optimizer_state=lambda optimizer, state: ds_checkpoint.load_optimizer_state(engines, optimizer, state),
+            check_restore=ds_checkpoint.check_restorable,
+        )
 
     def save_checkpoint_async(
         self,
-        path: str | Path,
+        path: CheckpointLocation | str | Path,
         state: dict[str, Any],
         storage_options: Any | None = None,
         filter: Filter | None = None,
@@ -470,14 +485,29 @@ class DeepSpeedStrategy(ParallelStrategy):
 
     def load_checkpoint(
         self,
-        path: str | Path,
+        path: CheckpointLocation | str | Path,
         state: Module | Optimizer | dict[str, Any] | None = None,
         strict: bool = True,
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
         """Restore ``state`` in place from a DeepSpeed directory (the engine reads it), a single file or another
         plugin's directory (full weights into the engine); returns what the checkpoint holds beyond ``state``."""
-        return ds_checkpoint.load(self, Path(path), state, strict, weights_only)
+        location = CheckpointLocation.of(path)
+        if ds_checkpoint.is_deepspeed_optimizer(state):
+            raise NotImplementedError(ds_checkpoint.ZERO_OPTIMIZER_STATE_ERROR)
+        if not isinstance(state, (Module, Optimizer)) and not state:
+            raise ValueError(
+                f"Got DeepSpeedStrategy.load_checkpoint(..., state={state!r}) but a state with at least  a model"
+                " instance to reload is required. Pass it in like so: DeepSpeedStrategy.load_checkpoint(...,"
+                " state={'model': model, ...})"
+            )
+        parent = tag_folder_parent(location)
+        if parent is not None:
+            raise FileNotFoundError(
+                f"The provided path is not a valid DeepSpeed checkpoint: {str(location)!r}. It is the"
+                f" {location.name!r} folder inside one; load the directory that holds it instead: {str(parent)!r}."
+            )
+        return super().load_checkpoint(location, state, strict, weights_only)
 
     def __repr__(self) -> str:
         return f"DeepSpeedStrategy(devices={self.num_processes}, num_nodes={self.num_nodes}, stage={self.zero_stage})"

@@ -72,8 +72,9 @@ def main() -> None:
 
     # save / load round trip
     path = out / "single.ckpt"
-    fabric.save(path, {"model": model, "optimizer": optimizer, "step": 8}).wait()
-    raw = torch.load(path, weights_only=True)
+    handle = fabric.save(path, {"model": model, "optimizer": optimizer, "step": 8})
+    raw = torch.load(path, weights_only=True)  # at the path when save returns, before the handle's wait()
+    handle.wait()
     r["checkpoint_all_cpu"] = c.all_cpu(raw)
     r["checkpoint_keys"] = sorted(raw)
     restored = c.make_model(seed=7)
