@@ -611,10 +611,10 @@ class Fabric:
             self._strategy.save_checkpoint(path=location, state=unwrapped, filter=filter)
         if keep_last is not None and self.is_global_zero:
             background.submit(location, partial(prune, location, keep_last))  # after this save: work runs in order
+        self._strategy.barrier()  # from here on the checkpoint is at `location` for every rank
         for logger in self._loggers:
             if isinstance(logger, Logger):  # an optional hook of our base class (loggers by interface lack it)
                 logger.checkpoint_saved(str(location))
-        self._strategy.barrier()
         return handle if handle is not None else background.handle(location)
 
     def load(
