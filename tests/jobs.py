@@ -10,7 +10,7 @@ Two ways to start a job:
   torchrun would; if one rank fails, the others are killed at once and the test fails with every rank's output.
 
 Every job starts from :func:`job_env`: this process's environment without launcher, cluster or Fabric
-variables, so a job never inherits the test runner's.
+variables, so a job never inherits the test runner's, and with a rendezvous port of its own (:func:`free_port`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,10 +37,66 @@ _LAUNCH_VARS = (
 )  # fmt: skip
 
 
-def free_port() -> int:
+#: Where handed-out ports are recorded, shared by every test process on this machine (xdist workers, stress runs).
+PORT_REGISTRY = Path(tempfile.gettempdir()) / "fabric-test-ports"
+#: A port handed out is not handed out again for this long (longer than any job of the suite).
+PORT_HOLD_S = 30 * 60
+#: Ports are taken from here: below the kernel's ephemeral range (32768-60999 by default), so the outgoing
+#: connections of other jobs (gloo, stores, S3 clients) cannot take one between the check and the job's bind.
+PORT_RANGE = (20000, 32000)
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        try:
+            sock.bind(("", port))  # all interfaces, as torch's TCPStore binds
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """A port for a job's rendezvous that no other test process was given (collision-free across xdist workers).
+
+    ``bind(port 0)`` gives a port from the ephemeral range that is free *now*: two workers can be handed the same
+    one, and any outgoing connection can take it before the job binds it ("address already in use", or a rank that
+    joins another job's store). Here ports come from :data:`PORT_RANGE` (outside the ephemeral range) and each one is
+    claimed by creating ``PORT_REGISTRY/<port>`` exclusively, so a port goes to one caller only; claims expire after
+    :data:`PORT_HOLD_S`.
+    """
+    low, high = PORT_RANGE
+    ephemeral = _ephemeral_range()
+    if not (high < ephemeral[0] or low > ephemeral[1]):
+        low, high = 10000, max(10001, ephemeral[0] - 1)
+    PORT_REGISTRY.mkdir(exist_ok=True)
+    span = high - low
+    start = (os.getpid() * 7919 + time.monotonic_ns()) % span
+    for step in range(span):
+        port = low + (start + step) % span
+        claim = PORT_REGISTRY / str(port)
+        try:
+            fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                if time.time() - claim.stat().st_mtime < PORT_HOLD_S:
+                    continue
+                claim.unlink()  # an expired claim; whoever unlinks it first may claim it next
+            except FileNotFoundError:
+                pass
+            continue
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        if _bindable(port):
+            return port
+    raise RuntimeError(f"no free port left in {low}-{high} (claims in {PORT_REGISTRY})")
 
 
 def job_env(**extra: str) -> dict[str, str]:
@@ -49,6 +106,8 @@ def job_env(**extra: str) -> dict[str, str]:
         if k not in _LAUNCH_VARS and not k.startswith(("FABRIC_", "TORCHELASTIC_", "PYTEST_", "SLURM_", "OMPI_", "PMI_"))
     }
     env["PYTHONUNBUFFERED"] = "1"
+    # Our launchers' rendezvous port when nothing else fixes it (instead of a port from the ephemeral range).
+    env["STANDALONE_PORT"] = str(free_port())
     env.update(extra)
     return env
 

@@ -54,15 +54,14 @@ PARALLEL_EXAMPLE = textwrap.dedent(
 def test_documented_parallel_strategy_example_runs_two_processes(tmp_path):
     """docs/plugins.md's ParallelStrategy example: two real processes, gradients averaged by DDP."""
     import os
-    import socket
     import subprocess
     import sys
 
+    from jobs import free_port
+
     script = tmp_path / "averaging.py"
     script.write_text(PARALLEL_EXAMPLE)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FABRIC_", "TORCHELASTIC_", "SLURM_"))}
     for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR"):
         env.pop(key, None)

@@ -86,11 +86,10 @@ def test_disable_possible_user_warnings():
 def test_distributed_start_is_announced(tmp_path):
     pytest.importorskip("fabric_ddp")
     import os
-    import socket
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    from jobs import free_port
+
+    port = free_port()
     script = tmp_path / "job.py"
     script.write_text("from fabric_core import Fabric\nFabric(accelerator='cpu', strategy='ddp', devices=2).launch()\n")
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR")}

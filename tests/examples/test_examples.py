@@ -14,7 +14,6 @@ import math
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from types import ModuleType
 import psutil
 import pytest
 import torch
+from jobs import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "examples" / "demo" / "train_lm.py"
@@ -52,9 +52,7 @@ needs_ddp = pytest.mark.skipif(not has_ddp, reason="fabric-ddp is not installed 
 def fabric_run() -> list[str]:
     """``fabric run`` for 2 CPU processes as the console script would start it (``python -m fabric_core`` is the
     same entry point), on a free port so that concurrent tests do not meet at the default rendezvous port."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     return [sys.executable, "-m", "fabric_core", "run", "--devices", "2", "--accelerator", "cpu", "--main-port", str(port)]  # fmt: skip
 
 
@@ -64,6 +62,7 @@ def _example_env() -> dict[str, str]:
     for key in LAUNCHER_VARS:
         env.pop(key, None)
     env["PYTHONUNBUFFERED"] = "1"
+    env["STANDALONE_PORT"] = str(free_port())  # the launcher's rendezvous port, claimed for this test alone
     return env
 
 

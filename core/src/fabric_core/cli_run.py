@@ -282,19 +282,46 @@ def run_main(args: RunArgs) -> int:
         return 2
     prepare_environment(args, nprocs, devices)
 
+    import tempfile
+
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
-    try:
-        torchrun(torchrun_arguments(args, nprocs))
-    except SignalException as err:  # SIGINT/SIGTERM: the agent has already stopped the workers
-        return 128 + int(err.sigval)
-    except ChildFailedError as err:
-        codes = [failure.exitcode for failure in err.failures.values()]
-        code = next((c for c in codes if c > 0), 1)
-        return code if code < 256 else 1
+    with tempfile.TemporaryDirectory(prefix="fabric-run-") as scratch:
+        # torchrun copies the failed worker's error file to its own (else it logs an error that it has none).
+        own_error_file = "TORCHELASTIC_ERROR_FILE" not in os.environ
+        if own_error_file:
+            os.environ["TORCHELASTIC_ERROR_FILE"] = os.path.join(scratch, "error.json")
+        try:
+            torchrun(torchrun_arguments(args, nprocs))
+        except SignalException as err:  # SIGINT/SIGTERM: the agent has already stopped the workers
+            return 128 + int(err.sigval)
+        except ChildFailedError as err:
+            return report_failed_workers(err)
+        finally:
+            if own_error_file:
+                os.environ.pop("TORCHELASTIC_ERROR_FILE", None)
     return 0
+
+
+def report_failed_workers(err: Any) -> int:
+    """Print which worker failed first, with its own error (torchrun's summary may name a peer that only lost its
+    connection), and return the exit status of the command: that worker's."""
+    from fabric_core.launchers import failures
+
+    found = []
+    for rank, failure in sorted(err.failures.items()):
+        code = failure.exitcode if failure.exitcode >= 0 else 128 - failure.exitcode
+        error = failures.read_error_file(failure.error_file)
+        label = f"Rank {rank} (local rank {failure.local_rank}, pid {failure.pid})"
+        found.append(failures.RankFailure(label, None, code, error))
+    if not found:
+        return 1
+    sys.stderr.write(failures.report(found))
+    sys.stderr.flush()
+    code = failures.first_failures(found)[0].exit_code
+    return code if 0 < code < 256 else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

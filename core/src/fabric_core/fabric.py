@@ -28,6 +28,7 @@ from fabric_core.io.background import CheckpointHandle
 from fabric_core.io.location import CheckpointLocation
 from fabric_core.io.retention import prune, series_pattern
 from fabric_core.io.state import is_stateful
+from fabric_core.launchers import failures
 from fabric_core.loggers.base import Logger, finalize_logger
 from fabric_core.strategies.base import Strategy
 from fabric_core.utilities.apply import apply_to_collection, convert_tensors_to_scalars, convert_to_tensors
@@ -80,6 +81,9 @@ class Fabric:
         callbacks: Any = None,
         loggers: Any = None,
     ) -> None:
+        # In a process a launcher started (ours or torchrun): an uncaught error goes to the launcher's error file
+        # too, so the job's last words quote the rank that failed first (fabric_core/launchers/failures.py).
+        failures.record_uncaught_errors()
         resolved = connector.resolve(
             accelerator=accelerator,
             strategy=strategy,

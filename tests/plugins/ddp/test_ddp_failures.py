@@ -165,3 +165,30 @@ def test_mismatched_collectives_are_refused_on_every_rank(tmp_path: Path):
         errors = (tmp_path / f"errors{rank}").read_text()
         assert "`all_reduce` needs a tensor of the same shape on every rank, got rank 0: (2,), rank 1: (3,)" in errors
         assert "`broadcast(src=5)`: `src` must be a rank between 0 and 1" in errors
+
+
+RENDEZVOUS_DEATH = SCRIPTS / "rendezvous_death.py"
+
+
+@pytest.mark.parametrize(
+    ("launcher", "where"),
+    [("script", "before"), ("script", "during"), ("script", "after"), ("spawn", "after"), ("cli", "before"), ("cli", "after")],
+)
+def test_a_rank_dying_in_the_rendezvous_is_named_last_with_its_own_error(tmp_path: Path, launcher: str, where: str):
+    """Rank 1 raises while the ranks meet. Whatever rank 0 reports after it ("Connection closed by peer"), the job's
+    last lines name rank 1 as the first failure and quote its own error, and the job exits with its code."""
+    command = [sys.executable, RENDEZVOUS_DEATH, launcher, where, tmp_path]
+    if launcher == "cli":
+        command = [*fabric_command(), "--accelerator", "cpu", "--devices", "2", "--main-port", free_port(), *command[1:]]
+    code, latency, output, leftovers = _run_failing(command, tmp_path)
+    assert code == 1, output[-4000:]
+    assert latency < PROMPT
+    assert not leftovers
+    own_error = f"rank 1 dies during the rendezvous ({where}) on purpose"
+    last_lines = "\n".join(output.strip().splitlines()[-12:])
+    assert own_error in last_lines, output[-4000:]
+    if launcher == "spawn":
+        assert "-- Process 1 terminated with the following error" in output, output[-4000:]
+    else:
+        first = next(line for line in reversed(output.splitlines()) if "First failure:" in line)
+        assert ("Local rank 1" if launcher == "script" else "Rank 1 (local rank 1") in first, first

@@ -5,9 +5,9 @@ is what notebooks use (``fork`` needs no pickling and no ``__main__`` guard) and
 the result of rank 0 back in the calling process.
 
 The calling process only waits: every rank, including rank 0, runs in a child. Rank 0's return value is moved
-to the CPU and sent back through a queue. If any worker fails, the others are terminated and the error is
-raised in the caller (``torch.multiprocessing``'s ``ProcessRaisedException``/``ProcessExitedException``, which
-carry the worker's traceback).
+to the CPU and sent back through a queue. If any worker fails, the others are terminated and the error of the
+worker that failed *first* is raised in the caller (``torch.multiprocessing``'s ``ProcessRaisedException``/
+``ProcessExitedException``, which carry the worker's traceback), listing the workers that failed after it.
 """
 
 from __future__ import annotations
@@ -15,10 +15,12 @@ from __future__ import annotations
 import multiprocessing
 import os
 import random
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from fabric_core.launchers import failures
 from fabric_core.launchers.base import Launcher
 from fabric_core.utilities.process_group import abandon_at_exit, release_process_group
 from fabric_core.utilities.topology import Topology
@@ -93,10 +95,7 @@ class MultiProcessingLauncher(Launcher):
         )
         output: list[Any] = []
         try:
-            # Read while joining: a large result would otherwise block its worker on a full pipe forever.
-            while not process_context.join(timeout=_POLL_S):
-                if not output and not results.empty():
-                    output.append(results.get())
+            _join(process_context, results, output)
         except BaseException:
             # Ctrl-C or SIGTERM (turned into an exception) reached only this process, or a worker failed: the others
             # must not keep the job alive (the caller would wait on them at exit).
@@ -105,6 +104,74 @@ class MultiProcessingLauncher(Launcher):
         if not output and not results.empty():
             output.append(results.get())
         return _deserialize(output[0]) if output else None
+
+
+def _join(process_context: Any, results: Any, output: list[Any]) -> None:
+    """Wait until every worker has ended; if one fails, stop the others and raise for the one that failed first.
+
+    torch's ``ProcessContext.join`` raises for the first failed worker in rank order among those it finds dead, which
+    after a rank died in the rendezvous is often rank 0 with only "Connection closed by peer", and the real error is
+    never shown. Here every worker's exit is looked at, and the exception names the first failure (by the time its
+    error was written) and lists the others.
+    """
+    from multiprocessing.connection import wait
+
+    processes = process_context.processes
+    while True:
+        if not output and not results.empty():  # read while waiting: a large result would block its worker forever
+            output.append(results.get())
+        codes = [p.exitcode for p in processes]
+        if any(code not in (None, 0) for code in codes):
+            _stop_workers(processes)
+            raise _failure(process_context, [i for i, code in enumerate(codes) if code not in (None, 0)])
+        if all(code == 0 for code in codes):
+            process_context.join()  # lets torch release what it holds for the workers
+            return
+        wait([p.sentinel for p, code in zip(processes, codes) if code is None], timeout=_POLL_S)
+
+
+def _spawn_error(path: str | None) -> failures.RecordedError | None:
+    """The traceback torch's worker wrapper wrote for a worker that raised (a pickled string), with its time."""
+    import pickle
+
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            text = pickle.load(f)
+        written = os.stat(path).st_mtime_ns
+    except (OSError, EOFError, pickle.UnpicklingError):
+        return None
+    lines = str(text).strip().splitlines()
+    return failures.RecordedError(lines[-1] if lines else "", str(text), written)
+
+
+def _failure(process_context: Any, exited: list[int]) -> Exception:
+    """torch's exception type for the worker that failed first, whose message also lists the workers that failed
+    after it. ``exited`` are the workers found dead when the failure was noticed; the others were stopped then, and
+    count as failed only if they raised before that."""
+    from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
+
+    found = []
+    for index, process in enumerate(process_context.processes):
+        error = _spawn_error(process_context.error_files[index])
+        if index in exited or error is not None:
+            code = process.exitcode or 1
+            found.append((index, failures.RankFailure(f"Process {index}", process.pid, code if code > 0 else 128 - code, error)))
+    order = failures.first_failures([f for _, f in found])
+    root = order[0]
+    index = next(i for i, f in found if f is root)
+    others = "".join(f"\n-- Failed after it (likely a consequence): {f.headline()}" for f in order[1:])
+    if root.error is not None:
+        message = f"\n\n-- Process {index:d} terminated with the following error:\n{root.error.traceback}{others}"
+        return ProcessRaisedException(message, index, root.pid)
+    raw = process_context.processes[index].exitcode
+    if raw is not None and raw < 0:
+        name = signal.Signals(-raw).name if -raw in signal.valid_signals() else f"<Unknown signal {-raw}>"
+        return ProcessExitedException(
+            f"process {index:d} terminated with signal {name}{others}", index, root.pid, raw, signal_name=name
+        )
+    return ProcessExitedException(f"process {index:d} terminated with exit code {raw}{others}", index, root.pid, raw)
 
 
 def _check_main_guard(start_method: str) -> None:

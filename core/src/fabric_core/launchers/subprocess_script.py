@@ -8,7 +8,9 @@ identical to a normal run (no pickling, works with any code), which is why it is
 The parent is responsible for the whole job, so nothing can hang or leak:
 
 * a watchdog thread polls the children; if one exits non-zero, the others are terminated (SIGTERM, then
-  SIGKILL after a grace period) and the parent leaves at once with that exit code;
+  SIGKILL after a grace period) and the parent leaves at once with that exit code, after naming the rank that
+  failed first and quoting its own error (each child records its uncaught exception in a file given by
+  ``FABRIC_ERROR_FILE``, see :mod:`fabric_core.launchers.failures`);
 * an uncaught exception in the parent terminates the children right after its traceback is printed;
 * SIGINT and SIGTERM received by the parent are forwarded to every child;
 * at normal interpreter exit the parent waits for the children, so the job's exit status covers every rank;
@@ -27,15 +29,19 @@ import atexit
 import ctypes
 import ctypes.util
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from fabric_core.launchers import failures
 from fabric_core.launchers.base import Launcher
 from fabric_core.utilities.process_group import release_process_group
 from fabric_core.utilities.topology import Topology, threads_per_process
@@ -82,6 +88,11 @@ def _interpreter_flags() -> list[str]:
 def _exit_code(returncode: int) -> int:
     """A shell-style exit status: a child killed by signal N counts as 128 + N."""
     return returncode if returncode >= 0 else 128 - returncode
+
+
+def error_file(error_dir: str, local_rank: int) -> str:
+    """Where the child of ``local_rank`` writes its uncaught exception (see :mod:`fabric_core.launchers.failures`)."""
+    return os.path.join(error_dir, f"local-rank-{local_rank}.json")
 
 
 def _grace_period() -> float:
@@ -143,9 +154,13 @@ def _flush() -> None:
 class _ChildGroup:
     """The child processes of one launch, with the machinery that keeps them tied to the parent."""
 
-    def __init__(self, processes: list[subprocess.Popen], local_ranks: list[int]) -> None:
+    def __init__(
+        self, processes: list[subprocess.Popen], local_ranks: list[int], error_dir: str | None = None
+    ) -> None:
         self.processes = processes
         self.local_ranks = local_ranks
+        #: where each child writes its uncaught exception (``failures.ERROR_FILE_VARIABLE``); removed at the end
+        self.error_dir = error_dir
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._previous_handlers: dict[int, Any] = {}
@@ -183,6 +198,8 @@ class _ChildGroup:
                     process.wait(timeout=max(grace, 1.0))
                 except subprocess.TimeoutExpired:
                     pass
+            if self.error_dir is not None:
+                shutil.rmtree(self.error_dir, ignore_errors=True)
 
     @staticmethod
     def _signal(process: subprocess.Popen, signum: int) -> None:
@@ -198,28 +215,41 @@ class _ChildGroup:
             except OSError:
                 pass
 
-    def _abort(self, code: int, message: str) -> None:
-        """End the whole job now, from any thread: stop the children, then leave without unwinding."""
+    def _abort(self, code: int, report: str) -> None:
+        """End the whole job now, from any thread: report, stop the children, then leave without unwinding."""
         if self._stopping.is_set():
             return
         _flush()
-        sys.stderr.write(f"[fabric] {message}; terminating the remaining processes.\n")
+        sys.stderr.write(f"{report}[fabric] Terminating the remaining processes.\n")
         _flush()
         self.terminate()
         _flush()
         os._exit(code)
 
-    def _check(self) -> bool:
-        """Abort the job if a child failed; return whether any child is still running."""
-        alive = False
+    def _failures(self, raised: bool = False) -> list[failures.RankFailure]:
+        """Every child that has exited non-zero, with the error it recorded (if it raised one).
+
+        With ``raised``, also a child still running that has recorded an uncaught exception: it is on its way out
+        (exit code 1), but may need a while, and its peers can fail before it is gone.
+        """
+        found = []
         for rank, process in zip(self.local_ranks, self.processes):
             code = process.poll()
-            if code is None:
-                alive = True
-            elif code != 0:
-                code = _exit_code(code)
-                self._abort(code, f"Local rank {rank} (pid {process.pid}) exited with code {code}")
-        return alive
+            if code == 0:
+                continue
+            error = failures.read_error_file(error_file(self.error_dir, rank)) if self.error_dir else None
+            if code is not None or (raised and error is not None):
+                exit_code = _exit_code(code) if code is not None else 1
+                found.append(failures.RankFailure(f"Local rank {rank}", process.pid, exit_code, error))
+        return found
+
+    def _check(self) -> bool:
+        """Abort the job if a child failed; return whether any child is still running."""
+        failed = self._failures()
+        if failed:
+            root = failures.first_failures(failed)[0]
+            self._abort(root.exit_code, failures.report(failed))
+        return any(process.poll() is None for process in self.processes)
 
     # ------------------------------------------------------------------------------------------------ hooks
     def install(self) -> None:
@@ -234,25 +264,24 @@ class _ChildGroup:
         while not self._stopping.is_set() and self._check():
             time.sleep(_POLL_S)
 
-    def _failed_child(self, wait: float) -> tuple[int, int, int] | None:
-        """``(local rank, pid, exit code)`` of a child that exited non-zero, waiting up to ``wait`` s for one."""
+    def _failed_children(self, wait: float) -> list[failures.RankFailure]:
+        """The children that exited non-zero, waiting up to ``wait`` s for one."""
         deadline = time.monotonic() + wait
         while True:
-            for rank, process in zip(self.local_ranks, self.processes):
-                code = process.poll()
-                if code is not None and code != 0:
-                    return rank, process.pid, _exit_code(code)
-            if time.monotonic() >= deadline or all(p.poll() is not None for p in self.processes):
-                return None
+            failed = self._failures(raised=True)
+            if failed or time.monotonic() >= deadline or all(p.poll() is not None for p in self.processes):
+                return failed
             time.sleep(_POLL_S)
 
     def _excepthook(self, exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
         previous = self._previous_excepthook or sys.__excepthook__
+        raised_ns = time.time_ns()
         self._stopping.set()  # the children's deaths below are ours, not failures to report
         # Rank 0 failing in a collective is often the *consequence* of another rank dying (its connections close):
-        # name that rank and exit with its code, as torchrun does, instead of only rank 0's gloo traceback.
-        failed = self._failed_child(wait=1.0) if not issubclass(exc_type, KeyboardInterrupt) else None
-        if failed is not None and sys.__stderr__ is not None:
+        # name the rank that failed first, quote its own error and exit with its code, as torchrun does, instead of
+        # ending on rank 0's gloo traceback.
+        failed = self._failed_children(wait=1.0) if not issubclass(exc_type, KeyboardInterrupt) else []
+        if failed and sys.__stderr__ is not None:
             # This hook ends the process below; a hook installed after ours (torch's init_process_group wraps it to
             # prefix "[rankN]") may have pointed sys.stderr at a buffer it would only print after we return.
             sys.stderr = sys.__stderr__
@@ -260,16 +289,19 @@ class _ChildGroup:
             previous(exc_type, exc, tb)
         finally:
             _flush()
-            if failed is not None:
-                rank, pid, code = failed
-                sys.stderr.write(
-                    f"[fabric] Local rank {rank} (pid {pid}) exited with code {code} while rank 0 was running; the"
-                    " error above is likely its consequence. Terminating the remaining processes.\n"
+            code = None
+            if failed:
+                own = failures.RecordedError(
+                    f"{exc_type.__name__}: {exc}", "".join(traceback.format_exception(exc_type, exc, tb)), raised_ns
                 )
+                everyone = [*failed, failures.RankFailure("Local rank 0", os.getpid(), 1, own)]
+                root = failures.first_failures(everyone)[0]
+                code = root.exit_code
+                sys.stderr.write(failures.report(everyone) + "[fabric] Terminating the remaining processes.\n")
                 _flush()
             self.terminate()
-            if failed is not None:
-                os._exit(failed[2])
+            if code is not None:
+                os._exit(code)
 
     # ------------------------------------------------------------------------------------------------ signals
     def _install_signal_handlers(self) -> None:
@@ -426,22 +458,25 @@ class SubprocessScriptLauncher(Launcher):
             )
         processes: list[subprocess.Popen] = []
         ranks = list(range(1, self.num_processes))
+        error_dir = tempfile.mkdtemp(prefix="fabric-errors-")
         try:
             for local_rank in ranks:
+                child_env = self.child_environment(env, local_rank)
+                child_env[failures.ERROR_FILE_VARIABLE] = error_file(error_dir, local_rank)
                 processes.append(
                     subprocess.Popen(  # noqa: S603 (the user's own command line)
                         command,
-                        env=self.child_environment(env, local_rank),
+                        env=child_env,
                         preexec_fn=preexec,
                         **group_kwargs,
                     )
                 )
         except BaseException:
-            _ChildGroup(processes, ranks[: len(processes)]).terminate(grace=1.0)
+            _ChildGroup(processes, ranks[: len(processes)], error_dir).terminate(grace=1.0)
             raise
         # From now on this process is local rank 0 of a complete set of launcher variables: a later `launch()` must
         # not start more children, and a later Fabric in this process sees a consistent job.
         self._export(rank_zero_env, ("LOCAL_RANK", "RANK"))
-        self.children = _ChildGroup(processes, ranks)
+        self.children = _ChildGroup(processes, ranks, error_dir)
         if processes:
             self.children.install()

@@ -1,0 +1,91 @@
+"""A failed rank's own error, recorded by the process and reported by the launcher (fabric_core/launchers/failures.py).
+
+The jobs that exercise this end to end (rank 1 dying in the rendezvous under every launcher) are in
+tests/plugins/ddp/test_ddp_failures.py; here the recording in a real interpreter and the ordering rules.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+from fabric_core.launchers import failures
+from fabric_core.launchers.failures import RankFailure, RecordedError
+
+RAISE = (
+    "from fabric_core.launchers import failures\n"
+    "failures.record_uncaught_errors()\n"
+    "def deep():\n"
+    "    raise ValueError('boom in rank 1')\n"
+    "deep()\n"
+)
+
+
+def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if k not in (failures.ERROR_FILE_VARIABLE, failures.TORCHELASTIC_ERROR_FILE)}
+    clean.update(env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean, timeout=60)
+
+
+def test_an_uncaught_exception_is_recorded_and_still_printed(tmp_path: Path):
+    path = tmp_path / "rank1.json"
+    done = _python(RAISE, **{failures.ERROR_FILE_VARIABLE: str(path)})
+    assert done.returncode == 1
+    assert "ValueError: boom in rank 1" in done.stderr  # printed as usual
+    recorded = failures.read_error_file(str(path))
+    assert recorded is not None and recorded.message == "ValueError: boom in rank 1"
+    assert "in deep" in recorded.traceback and recorded.traceback.rstrip().endswith("ValueError: boom in rank 1")
+    # torchrun reads the same file: its summary shows our message and the traceback
+    seen_by_torch = ProcessFailure(local_rank=1, pid=123, exitcode=1, error_file=str(path))
+    assert seen_by_torch.message["message"] == "ValueError: boom in rank 1"
+    assert seen_by_torch.timestamp == recorded.time_ns // 1_000_000_000
+
+
+def test_torchruns_variable_is_used_when_ours_is_not_set(tmp_path: Path):
+    path = tmp_path / "error.json"
+    assert _python(RAISE, **{failures.TORCHELASTIC_ERROR_FILE: str(path)}).returncode == 1
+    assert failures.read_error_file(str(path)).message == "ValueError: boom in rank 1"
+
+
+def test_nothing_is_installed_without_an_error_file():
+    done = _python(
+        "import sys; hook = sys.excepthook; from fabric_core.launchers import failures;"
+        " failures.record_uncaught_errors(); print(sys.excepthook is hook)"
+    )
+    assert done.stdout.strip() == "True", done.stderr
+
+
+def _error(message: str, at: int, lines: int = 3) -> RecordedError:
+    trace = "Traceback (most recent call last):\n" + "".join(f'  File "x.py", line {i}\n' for i in range(lines))
+    return RecordedError(message, trace + message + "\n", at)
+
+
+def test_the_root_cause_is_the_first_error_or_a_silent_death():
+    consequence = RankFailure("Local rank 0", 10, 1, _error("RuntimeError: Connection closed by peer", at=200))
+    cause = RankFailure("Local rank 1", 11, 1, _error("RuntimeError: rank 1's own error", at=100))
+    stopped = RankFailure("Local rank 2", 12, 143)  # SIGTERM, no error: how launchers stop the others
+    assert failures.first_failures([consequence, stopped, cause]) == [cause, consequence, stopped]
+    killed = RankFailure("Local rank 3", 13, 137)  # SIGKILL (out of memory?) makes the others fail
+    assert failures.first_failures([consequence, cause, killed])[0] is killed
+
+
+def test_the_report_quotes_the_first_failures_traceback_end_and_lists_the_others():
+    cause = RankFailure("Local rank 1", 11, 1, _error("RuntimeError: rank 1's own error", at=100, lines=80))
+    consequence = RankFailure("Local rank 0", 10, 1, _error("RuntimeError: Connection closed by peer", at=200))
+    text = failures.report([consequence, cause])
+    lines = text.splitlines()
+    assert lines[0] == "[fabric] First failure: Local rank 1 (pid 11) exited with code 1: RuntimeError: rank 1's own error"
+    assert "    RuntimeError: rank 1's own error" in lines
+    assert "    ..." in lines and 'line 0\n' not in text  # only the end of a long traceback
+    assert len([line for line in lines if line.startswith("    ")]) == failures.TRACEBACK_LINES + 1
+    assert lines[-1] == (
+        "[fabric] Failed after it (likely a consequence): Local rank 0 (pid 10) exited with code 1:"
+        " RuntimeError: Connection closed by peer"
+    )
+    killed = failures.report([RankFailure("Local rank 1", 11, 137)])
+    assert "exited with code 137 (killed by SIGKILL), without a Python error" in killed
+    assert "ended without raising a Python exception" in killed
