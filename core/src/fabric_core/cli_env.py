@@ -271,10 +271,13 @@ def threads_info() -> dict[str, Any]:
 
 def collect() -> dict[str, Any]:
     """The whole report as plain data (what ``fabric env --json`` prints)."""
-    from fabric_core.cli import _core_version
+    def core_version() -> str:
+        from fabric_core import __version__
+
+        return __version__
 
     return {
-        "fabric_core_version": _guarded(_core_version),
+        "fabric_core_version": _guarded(core_version),
         "python": _guarded(python_info),
         "fabric_distributions": _guarded(fabric_distributions),
         "packages": _guarded(related_packages),

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -44,6 +45,10 @@ class _Option:
     default: Any = None
     type: Any = str
     takes_value: bool = True
+    #: recognised only before SCRIPT (after it, the token is the script's: many scripts have a `--log-dir`)
+    before_script: bool = False
+    #: torchrun's flag this option is passed on as (torchrun's own options; see ``torchrun_arguments``)
+    torchrun: str | None = None
 
 
 OPTIONS = (
@@ -55,9 +60,29 @@ OPTIONS = (
     _Option("main_address", ("--main-address", "--main_address"), "address of node 0, where the processes meet (default: 127.0.0.1)", "127.0.0.1"),
     _Option("main_port", ("--main-port", "--main_port"), f"a free port on node 0 (default: {DEFAULT_MAIN_PORT})", DEFAULT_MAIN_PORT, int),
     _Option("precision", ("--precision",), "the precision (default: what the script's Fabric(...) says, else 32-true)"),
-    _Option("module", ("-m", "--module"), "treat SCRIPT as a module name and run it like `python -m MODULE` (before SCRIPT)", False, bool, False),
+    _Option("hang_timeout", ("--hang-timeout", "--hang_timeout"), "end the job when a rank makes no progress for this many seconds, naming it and its line (FABRIC_HANG_TIMEOUT; default: off)", None, float, before_script=True),
+    _Option("module", ("-m", "--module"), "treat SCRIPT as a module name and run it like `python -m MODULE` (before SCRIPT)", False, bool, False, before_script=True),
 )  # fmt: skip
-_BY_FLAG = {flag: option for option in OPTIONS for flag in option.flags}
+#: torchrun's restart, rendezvous and logging options, passed on unchanged (only before SCRIPT, as with torchrun).
+ELASTIC_OPTIONS = (
+    _Option("max_restarts", ("--max-restarts", "--max_restarts"), "restart all workers up to N times when one fails (default: 0)", 0, int, before_script=True, torchrun="--max-restarts"),
+    _Option("monitor_interval", ("--monitor-interval", "--monitor_interval"), "seconds between checks of the workers (default: 0.1)", 0.1, float, before_script=True, torchrun="--monitor-interval"),
+    _Option("standalone", ("--standalone",), "one node: a local rendezvous on a free port (--main-address/--main-port unused)", False, bool, False, before_script=True, torchrun="--standalone"),
+    _Option("rdzv_backend", ("--rdzv-backend", "--rdzv_backend"), "rendezvous backend: static (default: --main-address/--main-port, --node-rank), c10d, etcd, etcd-v2", None, before_script=True, torchrun="--rdzv-backend"),
+    _Option("rdzv_endpoint", ("--rdzv-endpoint", "--rdzv_endpoint"), "HOST[:PORT] of the rendezvous backend (default for c10d: --main-address:--main-port)", None, before_script=True, torchrun="--rdzv-endpoint"),
+    _Option("rdzv_id", ("--rdzv-id", "--rdzv_id"), "job id shared by every node of the job (non-static backends)", None, before_script=True, torchrun="--rdzv-id"),
+    _Option("rdzv_conf", ("--rdzv-conf", "--rdzv_conf"), "extra rendezvous settings, KEY=VALUE,... (e.g. join_timeout=600)", None, before_script=True, torchrun="--rdzv-conf"),
+    _Option("log_dir", ("--log-dir", "--log_dir"), "folder for the workers' log files (with --redirects/--tee)", None, before_script=True, torchrun="--log-dir"),
+    _Option("redirects", ("-r", "--redirects"), "send workers' streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both; or LOCAL_RANK:N,...", None, before_script=True, torchrun="--redirects"),
+    _Option("tee", ("-t", "--tee"), "copy workers' streams to log files too (same values as --redirects)", None, before_script=True, torchrun="--tee"),
+    _Option("local_ranks_filter", ("--local-ranks-filter", "--local_ranks_filter"), "show only these local ranks' output on the console, e.g. 0 or 0,1", None, before_script=True, torchrun="--local-ranks-filter"),
+    _Option("local_addr", ("--local-addr", "--local_addr"), "address of this node for the rendezvous (default: its host name)", None, before_script=True, torchrun="--local-addr"),
+)  # fmt: skip
+ALL_OPTIONS = (*OPTIONS, *ELASTIC_OPTIONS)
+_BY_FLAG = {flag: option for option in ALL_OPTIONS for flag in option.flags}
+RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
+#: torchrun's stream selection: one of 0-3 for every local rank, or LOCAL_RANK:N pairs.
+_STREAMS = re.compile(r"^[0-3]$|^\d+:[0-3](,\d+:[0-3])*$")
 
 
 class CLIError(Exception):
@@ -83,6 +108,19 @@ class RunArgs:
     main_port: int = DEFAULT_MAIN_PORT
     precision: str | None = None
     module: bool = False
+    hang_timeout: float | None = None
+    max_restarts: int = 0
+    monitor_interval: float = 0.1
+    standalone: bool = False
+    rdzv_backend: str | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    rdzv_conf: str | None = None
+    log_dir: str | None = None
+    redirects: str | None = None
+    tee: str | None = None
+    local_ranks_filter: str | None = None
+    local_addr: str | None = None
 
 
 def help_text() -> str:
@@ -96,9 +134,16 @@ def help_text() -> str:
         "  -h, --help            show this help message and exit",
     ]
     for option in OPTIONS:
-        flags = ", ".join(option.flags) + (" VALUE" if option.takes_value else "")
-        lines.append(f"  {flags:<22}{' ' if len(flags) < 22 else chr(10) + ' ' * 24}{option.help}")
+        lines.append(_help_line(option))
+    lines += ["", "torchrun's restart, rendezvous and logging options (before SCRIPT; passed on to torchrun):"]
+    for option in ELASTIC_OPTIONS:
+        lines.append(_help_line(option))
     return "\n".join(lines) + "\n"
+
+
+def _help_line(option: _Option) -> str:
+    flags = ", ".join(option.flags) + (" VALUE" if option.takes_value else "")
+    return f"  {flags:<22}{' ' if len(flags) < 22 else chr(10) + ' ' * 24}{option.help}"
 
 
 def parse_run_args(argv: Sequence[str]) -> RunArgs:
@@ -121,7 +166,7 @@ def parse_run_args(argv: Sequence[str]) -> RunArgs:
             raise _Help()
         flag, has_inline, inline = token.partition("=")
         option = _BY_FLAG.get(flag) if token.startswith("-") else None
-        if option is not None and not (option.dest == "module" and args.script):
+        if option is not None and not (option.before_script and args.script):
             if not option.takes_value:
                 if has_inline:
                     raise CLIError(f"option {flag} takes no value.")
@@ -232,16 +277,64 @@ def processes_per_node(
     return count, devices  # "auto" stays "auto": each process resolves it as Fabric(devices="auto") would
 
 
+def check_elastic(args: RunArgs) -> None:
+    """Refuse torchrun options that torchrun would reject with a traceback, or that cannot work together."""
+    if args.hang_timeout is not None and not args.hang_timeout >= 0:
+        raise CLIError(f"--hang-timeout must be a number of seconds (0: off), got {args.hang_timeout}.")
+    if args.max_restarts < 0:
+        raise CLIError(f"--max-restarts must be 0 or more, got {args.max_restarts}.")
+    if not args.monitor_interval > 0:
+        raise CLIError(f"--monitor-interval must be a positive number of seconds, got {args.monitor_interval}.")
+    for name in ("redirects", "tee"):
+        value = getattr(args, name)
+        if value is not None and not _STREAMS.match(value):
+            raise CLIError(
+                f"--{name} takes 0 (none), 1 (stdout), 2 (stderr) or 3 (both), for every local rank or as"
+                f" LOCAL_RANK:N,... (e.g. 0:3,1:2), got {value!r}."
+            )
+    backend = args.rdzv_backend
+    if backend is not None and backend not in RDZV_BACKENDS:
+        raise CLIError(f"--rdzv-backend must be one of {', '.join(RDZV_BACKENDS)}, got {backend!r}.")
+    if args.standalone:
+        if args.num_nodes != 1:
+            raise CLIError("--standalone runs the rendezvous on this node alone: it cannot be used with --num-nodes > 1.")
+        if backend is not None or args.rdzv_endpoint is not None or args.rdzv_id is not None:
+            raise CLIError("--standalone chooses the rendezvous itself: drop --rdzv-backend, --rdzv-endpoint and --rdzv-id.")
+    if (backend is None or backend == "static") and args.rdzv_endpoint is not None:
+        raise CLIError(
+            "--rdzv-endpoint is for the c10d/etcd backends (add --rdzv-backend c10d); the static rendezvous meets at"
+            " --main-address/--main-port."
+        )
+
+
+def _static_rendezvous(args: RunArgs) -> bool:
+    return not args.standalone and args.rdzv_backend in (None, "static")
+
+
 def torchrun_arguments(args: RunArgs, nprocs: int) -> list[str]:
     """The command line given to torch's elastic launcher (``torch.distributed.run``)."""
-    command = [
-        f"--nproc-per-node={nprocs}",
-        f"--nnodes={args.num_nodes}",
-        f"--node-rank={args.node_rank}",
-        f"--master-addr={args.main_address}",
-        f"--master-port={args.main_port}",
-        "--monitor-interval=0.1",  # notice a failed worker within 0.1 s (older torch defaulted to 5 s)
-    ]
+    command = [f"--nproc-per-node={nprocs}", f"--nnodes={args.num_nodes}"]
+    if args.standalone:
+        command.append("--standalone")
+    elif _static_rendezvous(args):
+        command += [
+            f"--node-rank={args.node_rank}",
+            f"--master-addr={args.main_address}",
+            f"--master-port={args.main_port}",
+        ]
+    else:  # c10d/etcd: the ranks come from the rendezvous; it meets at the main address and port unless told
+        command += [
+            f"--rdzv-backend={args.rdzv_backend}",
+            f"--rdzv-endpoint={args.rdzv_endpoint or f'{args.main_address}:{args.main_port}'}",
+        ]
+    # notice a failed worker within 0.1 s by default (older torch defaulted to 5 s)
+    command += [f"--monitor-interval={args.monitor_interval}", f"--max-restarts={args.max_restarts}"]
+    for option in ELASTIC_OPTIONS:
+        value = getattr(args, option.dest)
+        if option.dest in ("max_restarts", "monitor_interval", "standalone", "rdzv_backend", "rdzv_endpoint"):
+            continue
+        if value is not None:
+            command.append(f"{option.torchrun}={value}")
     if args.module:
         command.append("-m")
     return [*command, args.script, *args.script_args]
@@ -258,6 +351,10 @@ def prepare_environment(args: RunArgs, nprocs: int, devices: str) -> dict[str, s
         value = getattr(args, key)
         if value is not None:
             values[_CLI_SETTINGS[key]] = str(value)
+    if args.hang_timeout is not None:
+        from fabric_core.utilities.hang import HANG_TIMEOUT_VARIABLE
+
+        values[HANG_TIMEOUT_VARIABLE] = f"{args.hang_timeout:g}"
     os.environ.update(values)
     # One intra-op thread pool per process sharing the cores; oversubscription makes CPU runs many times slower.
     os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_process(nprocs)))
@@ -273,6 +370,7 @@ def run_main(args: RunArgs) -> int:
             raise CLIError(f"--num-nodes must be a positive integer, got {args.num_nodes}.")
         if not 0 <= args.node_rank < args.num_nodes:
             raise CLIError(f"--node-rank must be between 0 and {args.num_nodes - 1}, got {args.node_rank}.")
+        check_elastic(args)
         _check_installed("strategy", args.strategy)
         _check_installed("precision", args.precision)
         _check_installed("accelerator", args.accelerator)
@@ -308,7 +406,7 @@ def run_main(args: RunArgs) -> int:
 def report_failed_workers(err: Any) -> int:
     """Print which worker failed first, with its own error (torchrun's summary may name a peer that only lost its
     connection), and return the exit status of the command: that worker's."""
-    from fabric_core.launchers import failures
+    from fabric_core.utilities import failures
 
     found = []
     for rank, failure in sorted(err.failures.items()):

@@ -28,10 +28,11 @@ from fabric_core.io.background import CheckpointHandle
 from fabric_core.io.location import CheckpointLocation
 from fabric_core.io.retention import prune, series_pattern
 from fabric_core.io.state import is_stateful
-from fabric_core.launchers import failures
 from fabric_core.loggers.base import Logger, finalize_logger
 from fabric_core.strategies.base import Strategy
+from fabric_core.utilities import failures
 from fabric_core.utilities.apply import apply_to_collection, convert_tensors_to_scalars, convert_to_tensors
+from fabric_core.utilities.hang import report_progress, start_watchdog
 from fabric_core.utilities.rank_zero import PossibleUserWarning, rank_zero_warn
 from fabric_core.wrappers import (
     FabricDataLoader,
@@ -82,7 +83,7 @@ class Fabric:
         loggers: Any = None,
     ) -> None:
         # In a process a launcher started (ours or torchrun): an uncaught error goes to the launcher's error file
-        # too, so the job's last words quote the rank that failed first (fabric_core/launchers/failures.py).
+        # too, so the job's last words quote the rank that failed first (fabric_core/utilities/failures.py).
         failures.record_uncaught_errors()
         resolved = connector.resolve(
             accelerator=accelerator,
@@ -113,6 +114,7 @@ class Fabric:
         if connector.launched_by_cli():
             self._strategy.setup_environment()
             self._launched = True
+            start_watchdog(self.global_rank)  # FABRIC_HANG_TIMEOUT (utilities/hang.py)
 
     # ------------------------------------------------------------------------------------------------ properties
     @property
@@ -209,6 +211,7 @@ class Fabric:
         from fabric_core.utilities.data import capture_init_arguments
 
         self._strategy.setup_environment()
+        start_watchdog(self.global_rank)  # FABRIC_HANG_TIMEOUT (utilities/hang.py)
         try:
             with capture_init_arguments():
                 return to_run(*args, **kwargs)
@@ -250,6 +253,7 @@ class Fabric:
     ) -> Any:
         """Set up a model and its optimizers; returns ``model`` or ``(model, *optimizers[, scheduler])``."""
         self._validate_launched()
+        report_progress()
         self._validate_setup(module, optimizers, "setup")
         module, compile_kwargs = self._unwrap_compiled(module, _reapply_compile)
         original = module
@@ -265,6 +269,7 @@ class Fabric:
         wrapped = FabricModule(forward_module, self._strategy, original_module=original)
         wrapped_opts = [FabricOptimizer(o, self._strategy, self._callbacks) for o in opts]
         self._models_setup += 1
+        report_progress()
         self.call("on_after_setup", fabric=self, module=wrapped)
         if not optimizers:
             return wrapped
@@ -275,6 +280,7 @@ class Fabric:
     def setup_module(self, module: Module, move_to_device: bool = True, _reapply_compile: bool = True) -> FabricModule:
         """Set up a model alone (then create its optimizer and call :meth:`setup_optimizers`)."""
         self._validate_launched()
+        report_progress()
         self._validate_setup(module, (), "setup_module")
         module, compile_kwargs = self._unwrap_compiled(module, _reapply_compile)
         original = module
@@ -285,6 +291,7 @@ class Fabric:
         if compile_kwargs is not None:
             forward_module = torch.compile(forward_module, **compile_kwargs)
         self._models_setup += 1
+        report_progress()
         return FabricModule(forward_module, self._strategy, original_module=original)
 
     def setup_optimizers(self, *optimizers: Optimizer) -> FabricOptimizer | tuple[FabricOptimizer, ...]:
@@ -301,7 +308,9 @@ class Fabric:
             raise ValueError("An optimizer should be passed only once to the `setup_optimizers` method.")
         _check_optimizers(optimizers, "fabric.setup_optimizers")
         self._check_meta_params(optimizers, joint=False)
+        report_progress()
         wrapped = tuple(FabricOptimizer(self._strategy.setup_optimizer(o), self._strategy, self._callbacks) for o in optimizers)
+        report_progress()
         return wrapped[0] if len(wrapped) == 1 else wrapped
 
     def setup_dataloaders(
@@ -316,6 +325,7 @@ class Fabric:
         if any(not isinstance(d, DataLoader) for d in dataloaders):
             raise TypeError("Only PyTorch DataLoader are currently supported in `setup_dataloaders`.")
         wrapped = [self._setup_dataloader(d, use_distributed_sampler, move_to_device) for d in dataloaders]
+        report_progress()
         return wrapped[0] if len(wrapped) == 1 else wrapped  # type: ignore[return-value]
 
     def _setup_dataloader(self, dataloader: DataLoader, use_distributed_sampler: bool, move_to_device: bool) -> Any:
@@ -432,6 +442,11 @@ class Fabric:
     # ------------------------------------------------------------------------------------------------ training
     def backward(self, tensor: Tensor, *args: Any, model: Any = None, **kwargs: Any) -> None:
         """Replace ``loss.backward()``: lets the precision scale the loss and engines own the backward pass."""
+        report_progress()
+        self._backward(tensor, *args, model=model, **kwargs)
+        report_progress()
+
+    def _backward(self, tensor: Tensor, *args: Any, model: Any = None, **kwargs: Any) -> None:
         strategy = self._strategy
         paths = self._paths
         if strategy.configured_precision is not paths.precision:  # a replaced precision: decide again
@@ -524,23 +539,34 @@ class Fabric:
     # ------------------------------------------------------------------------------------------------ collectives
     def barrier(self, name: str | None = None) -> None:
         self._validate_launched()
+        report_progress()
         self._strategy.barrier(name=name)
+        report_progress()
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         self._validate_launched()
-        return self._strategy.broadcast(obj, src=src)
+        report_progress()
+        result = self._strategy.broadcast(obj, src=src)
+        report_progress()
+        return result
 
     def all_gather(self, data: Any, group: Any | None = None, sync_grads: bool = False) -> Any:
         """Gather tensors (or a collection of them) from every process: each becomes ``(world_size, ...)``."""
         self._validate_launched()
         data = convert_to_tensors(data, device=self.device)
-        return apply_to_collection(data, Tensor, self._strategy.all_gather, group=group, sync_grads=sync_grads)
+        report_progress()
+        result = apply_to_collection(data, Tensor, self._strategy.all_gather, group=group, sync_grads=sync_grads)
+        report_progress()
+        return result
 
     def all_reduce(self, data: Any, group: Any | None = None, reduce_op: str | Any = "mean") -> Any:
         """Reduce tensors (or a collection) across processes with ``"mean"`` (default), ``"sum"``, ``"max"``..."""
         self._validate_launched()
         data = convert_to_tensors(data, device=self.device)
-        return apply_to_collection(data, Tensor, self._strategy.all_reduce, group=group, reduce_op=reduce_op)
+        report_progress()
+        result = apply_to_collection(data, Tensor, self._strategy.all_reduce, group=group, reduce_op=reduce_op)
+        report_progress()
+        return result
 
     @contextmanager
     def rank_zero_first(self, local: bool = False) -> Generator[None, None, None]:
@@ -607,6 +633,7 @@ class Fabric:
                 raise ValueError(f"`keep_last` must be a positive integer, got {keep_last!r}.")
             series_pattern(location.name)
         background.raise_failures()  # an earlier save that failed in the background is reported now, not lost
+        report_progress()
         handle = None
         unwrapped = unwrap_objects(state, dataloaders=False)
         if async_save:
@@ -619,6 +646,7 @@ class Fabric:
         for logger in self._loggers:
             if isinstance(logger, Logger):  # an optional hook of our base class (loggers by interface lack it)
                 logger.checkpoint_saved(str(location))
+        report_progress()  # the save and its barrier count as progress for hang detection
         return handle if handle is not None else background.handle(location)
 
     def load(
@@ -630,6 +658,7 @@ class Fabric:
         checkpoint that holds arbitrary Python objects.
         """
         self._validate_launched()
+        report_progress()
         location = CheckpointLocation.of(path)  # decided once: a local path or a URL
         location.check_reachable_by(self.world_size)
         background.wait(location)  # a save of this path still finishing here lands first
@@ -648,6 +677,7 @@ class Fabric:
             for key, value in unwrapped.items():  # plain values were replaced in the unwrapped copy
                 if key in state and not isinstance(state[key], (Module, Optimizer, FabricOptimizer)) and not is_stateful(state[key]):
                     state[key] = value
+        report_progress()
         return remainder
 
     def load_raw(self, path: str | Path, obj: Module | Optimizer, strict: bool = True, *, weights_only: bool | None = None) -> None:

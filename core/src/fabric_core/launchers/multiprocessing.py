@@ -15,13 +15,15 @@ from __future__ import annotations
 import multiprocessing
 import os
 import random
+import shutil
 import signal
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fabric_core.launchers import failures
 from fabric_core.launchers.base import Launcher
+from fabric_core.utilities import failures
 from fabric_core.utilities.process_group import abandon_at_exit, release_process_group
 from fabric_core.utilities.topology import Topology
 
@@ -86,27 +88,30 @@ class MultiProcessingLauncher(Launcher):
         context = mp.get_context(self.start_method)
         results = context.SimpleQueue()
         state = _GlobalState.capture() if self.start_method != "fork" else None
+        error_dir = tempfile.mkdtemp(prefix="fabric-errors-")  # what workers record of a hang (utilities/hang.py)
         process_context = mp.start_processes(
             _worker,
-            args=(self.strategy, function, args, kwargs, results, state, os.getpid()),
+            args=(self.strategy, function, args, kwargs, results, state, os.getpid(), error_dir),
             nprocs=self.num_processes,
             start_method=self.start_method,
             join=False,
         )
         output: list[Any] = []
         try:
-            _join(process_context, results, output)
+            _join(process_context, results, output, error_dir)
         except BaseException:
             # Ctrl-C or SIGTERM (turned into an exception) reached only this process, or a worker failed: the others
             # must not keep the job alive (the caller would wait on them at exit).
             _stop_workers(process_context.processes)
             raise
+        finally:
+            shutil.rmtree(error_dir, ignore_errors=True)
         if not output and not results.empty():
             output.append(results.get())
         return _deserialize(output[0]) if output else None
 
 
-def _join(process_context: Any, results: Any, output: list[Any]) -> None:
+def _join(process_context: Any, results: Any, output: list[Any], error_dir: str) -> None:
     """Wait until every worker has ended; if one fails, stop the others and raise for the one that failed first.
 
     torch's ``ProcessContext.join`` raises for the first failed worker in rank order among those it finds dead, which
@@ -123,11 +128,16 @@ def _join(process_context: Any, results: Any, output: list[Any]) -> None:
         codes = [p.exitcode for p in processes]
         if any(code not in (None, 0) for code in codes):
             _stop_workers(processes)
-            raise _failure(process_context, [i for i, code in enumerate(codes) if code not in (None, 0)])
+            raise _failure(process_context, [i for i, code in enumerate(codes) if code not in (None, 0)], error_dir)
         if all(code == 0 for code in codes):
             process_context.join()  # lets torch release what it holds for the workers
             return
         wait([p.sentinel for p, code in zip(processes, codes) if code is None], timeout=_POLL_S)
+
+
+def _error_file(error_dir: str, index: int) -> str:
+    """Where worker ``index`` records a failure that ends it without an exception (a hang, utilities/hang.py)."""
+    return os.path.join(error_dir, f"worker-{index}.json")
 
 
 def _spawn_error(path: str | None) -> failures.RecordedError | None:
@@ -146,7 +156,7 @@ def _spawn_error(path: str | None) -> failures.RecordedError | None:
     return failures.RecordedError(lines[-1] if lines else "", str(text), written)
 
 
-def _failure(process_context: Any, exited: list[int]) -> Exception:
+def _failure(process_context: Any, exited: list[int], error_dir: str) -> Exception:
     """torch's exception type for the worker that failed first, whose message also lists the workers that failed
     after it. ``exited`` are the workers found dead when the failure was noticed; the others were stopped then, and
     count as failed only if they raised before that."""
@@ -154,7 +164,7 @@ def _failure(process_context: Any, exited: list[int]) -> Exception:
 
     found = []
     for index, process in enumerate(process_context.processes):
-        error = _spawn_error(process_context.error_files[index])
+        error = _spawn_error(process_context.error_files[index]) or failures.read_error_file(_error_file(error_dir, index))
         if index in exited or error is not None:
             code = process.exitcode or 1
             found.append((index, failures.RankFailure(f"Process {index}", process.pid, code if code > 0 else 128 - code, error)))
@@ -237,12 +247,14 @@ def _worker(
     results: Any,
     state: _GlobalState | None,
     caller_pid: int,
+    error_dir: str,
 ) -> None:
     """What each worker runs: take its rank, restore the caller's global state, run, report rank 0's result."""
     from fabric_core.launchers.subprocess_script import die_with_parent
 
     # No orphans: if the caller is killed, its workers go too (a forkserver is their parent: do not compare).
     die_with_parent(caller_pid if os.getppid() == caller_pid else None)
+    os.environ[failures.ERROR_FILE_VARIABLE] = _error_file(error_dir, process_idx)
     if state is not None:
         state.restore()
         # Tensors that travelled through spawn's pickling live in shared memory, so every worker would train

@@ -10,7 +10,7 @@ The parent is responsible for the whole job, so nothing can hang or leak:
 * a watchdog thread polls the children; if one exits non-zero, the others are terminated (SIGTERM, then
   SIGKILL after a grace period) and the parent leaves at once with that exit code, after naming the rank that
   failed first and quoting its own error (each child records its uncaught exception in a file given by
-  ``FABRIC_ERROR_FILE``, see :mod:`fabric_core.launchers.failures`);
+  ``FABRIC_ERROR_FILE``, see :mod:`fabric_core.utilities.failures`);
 * an uncaught exception in the parent terminates the children right after its traceback is printed;
 * SIGINT and SIGTERM received by the parent are forwarded to every child;
 * at normal interpreter exit the parent waits for the children, so the job's exit status covers every rank;
@@ -41,8 +41,8 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from fabric_core.launchers import failures
 from fabric_core.launchers.base import Launcher
+from fabric_core.utilities import failures, hang
 from fabric_core.utilities.process_group import release_process_group
 from fabric_core.utilities.topology import Topology, threads_per_process
 
@@ -91,7 +91,7 @@ def _exit_code(returncode: int) -> int:
 
 
 def error_file(error_dir: str, local_rank: int) -> str:
-    """Where the child of ``local_rank`` writes its uncaught exception (see :mod:`fabric_core.launchers.failures`)."""
+    """Where the child of ``local_rank`` writes its uncaught exception (see :mod:`fabric_core.utilities.failures`)."""
     return os.path.join(error_dir, f"local-rank-{local_rank}.json")
 
 
@@ -175,6 +175,7 @@ class _ChildGroup:
 
         Runs once; later calls return immediately (the process groups may not exist any more).
         """
+        hang.stop_watchdog()  # the job is ending: a stall from here on is the teardown's, not a hang
         self._stopping.set()
         with self._lock:
             if self._terminated:
@@ -238,6 +239,13 @@ class _ChildGroup:
             if code == 0:
                 continue
             error = failures.read_error_file(error_file(self.error_dir, rank)) if self.error_dir else None
+            if code is None and raised and error is not None:
+                try:  # it is on its way out: its own exit code says more than our guess
+                    code = process.wait(timeout=1.0)
+                except subprocess.TimeoutExpired:
+                    pass
+                if code == 0:
+                    continue
             if code is not None or (raised and error is not None):
                 exit_code = _exit_code(code) if code is not None else 1
                 found.append(failures.RankFailure(f"Local rank {rank}", process.pid, exit_code, error))
@@ -253,6 +261,7 @@ class _ChildGroup:
 
     # ------------------------------------------------------------------------------------------------ hooks
     def install(self) -> None:
+        hang.on_hang(self._on_hang)
         threading.Thread(target=self._watch, name="fabric-child-watchdog", daemon=True).start()
         atexit.register(self._at_exit)
         self._previous_excepthook = sys.excepthook
@@ -263,6 +272,11 @@ class _ChildGroup:
     def _watch(self) -> None:
         while not self._stopping.is_set() and self._check():
             time.sleep(_POLL_S)
+
+    def _on_hang(self, own: failures.RecordedError) -> None:
+        """Rank 0 (this process) made no progress: report it with what the children did, and end the job."""
+        everyone = [*self._failures(raised=True), failures.RankFailure("Local rank 0", os.getpid(), hang.HANG_EXIT_CODE, own)]
+        self._abort(hang.HANG_EXIT_CODE, failures.report(everyone))
 
     def _failed_children(self, wait: float) -> list[failures.RankFailure]:
         """The children that exited non-zero, waiting up to ``wait`` s for one."""

@@ -209,7 +209,16 @@ class ParallelStrategy(Strategy):
         backend = self.get_process_group_backend()
         rank, world_size = env.global_rank(), env.world_size()
         rank_zero.log.info(f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/{world_size}")
+        from fabric_core.environments.torchelastic import restart_attempt_store
+
+        store = restart_attempt_store(env.main_address, env.main_port, world_size, timeout)
+        if store is not None:
+            kwargs["store"] = store
         dist.init_process_group(backend, rank=rank, world_size=world_size, **kwargs)
+        # The rendezvous is over only when every rank is connected: gloo's init can return on rank 0 while rank 1 is
+        # still connecting to it, and a rank 0 that then ends (its script was short, or it failed) breaks rank 1's
+        # connect ("Gloo connectFullMesh failed ... Connection closed by peer"): 3 of 20 runs of `launch()` alone.
+        self.barrier()
         rank_zero.rank_zero_info(
             f"{'-' * 100}\ndistributed_backend={backend}\nAll distributed processes registered."
             f" Starting with {world_size} processes\n{'-' * 100}\n"

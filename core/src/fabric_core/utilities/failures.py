@@ -64,15 +64,22 @@ def record_uncaught_errors() -> None:
 
 def write_error_file(exc_type: type[BaseException], exc: BaseException, tb: Any, path: str | None = None) -> None:
     """Write ``exc`` in torch elastic's error-file format (plus ``fabric_time_ns``); never raises."""
+    callstack = "".join(traceback.format_exception(exc_type, exc, tb))
+    write_record(f"{exc_type.__name__}: {exc}", callstack, path)
+
+
+def write_record(message: str, callstack: str, path: str | None = None) -> None:
+    """Write a failure of this process (``message``, and the stack or traceback that explains it) where the launcher
+    looks for it; never raises (a process that is failing must still end)."""
     path = path or error_file_path()
     if not path:
         return
     now = time.time_ns()
     data = {
         "message": {
-            "message": f"{exc_type.__name__}: {exc}",
+            "message": message,
             "extraInfo": {
-                "py_callstack": "".join(traceback.format_exception(exc_type, exc, tb)),
+                "py_callstack": callstack,
                 "timestamp": str(now // 1_000_000_000),
                 "fabric_time_ns": str(now),
             },
