@@ -89,3 +89,12 @@ def test_the_report_quotes_the_first_failures_traceback_end_and_lists_the_others
     killed = failures.report([RankFailure("Local rank 1", 11, 137)])
     assert "exited with code 137 (killed by SIGKILL), without a Python error" in killed
     assert "ended without raising a Python exception" in killed
+
+
+def test_the_job_exits_with_the_first_failures_code():
+    raised = _error("RuntimeError: rank 1's own error", at=100)
+    assert failures.job_exit_code([RankFailure("Local rank 1", 11, 7)]) == 7  # os._exit(7)
+    assert failures.job_exit_code([RankFailure("Local rank 1", 11, 137), RankFailure("Local rank 0", 10, 1, raised)]) == 137
+    # it raised, and its launcher stopped it while it was exiting: the exit of an uncaught exception
+    assert failures.job_exit_code([RankFailure("Rank 1", None, 143, raised), RankFailure("Rank 0", None, 1, _error("x", 200))]) == 1
+    assert failures.job_exit_code([]) == 1

@@ -418,8 +418,7 @@ def report_failed_workers(err: Any) -> int:
         return 1
     sys.stderr.write(failures.report(found))
     sys.stderr.flush()
-    code = failures.first_failures(found)[0].exit_code
-    return code if 0 < code < 256 else 1
+    return failures.job_exit_code(found)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

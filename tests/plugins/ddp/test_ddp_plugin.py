@@ -268,7 +268,7 @@ def test_cli_arguments_reach_torchrun_and_the_environment(monkeypatch):
     assert (nprocs, devices) == (2, "2")
     assert cli_run.torchrun_arguments(args, nprocs) == [
         "--nproc-per-node=2", "--nnodes=3", "--node-rank=1", "--master-addr=10.0.0.1", "--master-port=1234",
-        "--monitor-interval=0.1", "train.py", "--lr", "0.1", "-m",
+        "--monitor-interval=0.1", "--max-restarts=0", "train.py", "--lr", "0.1", "-m",
     ]  # fmt: skip
     cli_run.prepare_environment(args, nprocs, devices)
     assert os.environ["FABRIC_CLI_USED"] == "1" and os.environ["FABRIC_DEVICES"] == "2"

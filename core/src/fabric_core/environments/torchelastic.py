@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from datetime import timedelta
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from fabric_core.environments.base import ClusterEnvironment, env_int
 from fabric_core.utilities.rank_zero import rank_zero_warn
@@ -90,23 +89,3 @@ class TorchElasticEnvironment(ClusterEnvironment):
                 f" WORLD_SIZE={world_size}: launch with `torchrun --nnodes={num_nodes} --nproc-per-node={num_devices}`,"
                 f" or pass devices and num_nodes whose product is {world_size}."
             )
-
-
-def restart_attempt_store(address: str, port: int, world_size: int, timeout: timedelta | None) -> Any:
-    """The store for this worker's process group when torchrun restarted it, with keys of this attempt only.
-
-    Under torchrun the workers use the agent's store (``TORCHELASTIC_USE_AGENT_STORE=True``). torch 2.13 expects a
-    new store for every restart and no longer prefixes the workers' keys per attempt, but the static rendezvous
-    (torchrun's ``--master-addr/--master-port``, what ``fabric run`` uses by default) keeps one store for the whole
-    job: a restarted worker could read the previous attempt's addresses and fail to connect ("Connection
-    refused"). Prefixing the keys with ``TORCHELASTIC_RESTART_COUNT`` makes every attempt meet afresh. ``None``
-    when the process was not started by torchrun's agent.
-    """
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return None
-    import torch.distributed as dist
-
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    kwargs = {"timeout": timeout} if timeout is not None else {}
-    store = dist.TCPStore(address, port, world_size, is_master=False, **kwargs)
-    return dist.PrefixStore(f"/fabric/attempt_{attempt}", store)

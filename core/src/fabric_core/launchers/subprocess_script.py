@@ -255,8 +255,7 @@ class _ChildGroup:
         """Abort the job if a child failed; return whether any child is still running."""
         failed = self._failures()
         if failed:
-            root = failures.first_failures(failed)[0]
-            self._abort(root.exit_code, failures.report(failed))
+            self._abort(failures.job_exit_code(failed), failures.report(failed))
         return any(process.poll() is None for process in self.processes)
 
     # ------------------------------------------------------------------------------------------------ hooks
@@ -309,8 +308,7 @@ class _ChildGroup:
                     f"{exc_type.__name__}: {exc}", "".join(traceback.format_exception(exc_type, exc, tb)), raised_ns
                 )
                 everyone = [*failed, failures.RankFailure("Local rank 0", os.getpid(), 1, own)]
-                root = failures.first_failures(everyone)[0]
-                code = root.exit_code
+                code = failures.job_exit_code(everyone)
                 sys.stderr.write(failures.report(everyone) + "[fabric] Terminating the remaining processes.\n")
                 _flush()
             self.terminate()

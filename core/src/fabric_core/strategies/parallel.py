@@ -58,6 +58,25 @@ def _dist() -> Any:
     return dist
 
 
+def restart_attempt_store(address: str, port: int, world_size: int, timeout: timedelta | None) -> Any:
+    """The store for this worker's process group when torchrun restarted it, with keys of this attempt only.
+
+    Under torchrun the workers use the agent's store (``TORCHELASTIC_USE_AGENT_STORE=True``). torch 2.13 expects a
+    new store for every restart and no longer prefixes the workers' keys per attempt, but the static rendezvous
+    (torchrun's ``--master-addr/--master-port``, what ``fabric run`` uses by default) keeps one store for the whole
+    job: a restarted worker could read the previous attempt's addresses and fail to connect ("Connection
+    refused"). Prefixing the keys with ``TORCHELASTIC_RESTART_COUNT`` makes every attempt meet afresh. ``None``
+    when the process was not started by torchrun's agent.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    dist = _dist()
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    kwargs = {"timeout": timeout} if timeout is not None else {}
+    store = dist.TCPStore(address, port, world_size, is_master=False, **kwargs)
+    return dist.PrefixStore(f"/fabric/attempt_{attempt}", store)
+
+
 class ParallelStrategy(Strategy):
     """One process per device, across ``num_nodes`` nodes, joined by a ``torch.distributed`` process group.
 
@@ -209,8 +228,6 @@ class ParallelStrategy(Strategy):
         backend = self.get_process_group_backend()
         rank, world_size = env.global_rank(), env.world_size()
         rank_zero.log.info(f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/{world_size}")
-        from fabric_core.environments.torchelastic import restart_attempt_store
-
         store = restart_attempt_store(env.main_address, env.main_port, world_size, timeout)
         if store is not None:
             kwargs["store"] = store

@@ -160,6 +160,18 @@ def first_failures(failures: Iterable[RankFailure]) -> list[RankFailure]:
     return sorted(failures, key=order)
 
 
+def job_exit_code(failures: Iterable[RankFailure]) -> int:
+    """The exit status of a job that failed: its first failure's code (1 when none), except that a process which
+    raised and was then stopped by its launcher while exiting (SIGTERM) counts as the 1 of an uncaught exception."""
+    ordered = first_failures(failures)
+    if not ordered:
+        return 1
+    root = ordered[0]
+    if root.error is not None and root.exit_code == 128 + signal.SIGTERM:
+        return 1
+    return root.exit_code if 0 < root.exit_code < 256 else 1
+
+
 def _tail(text: str, lines: int = TRACEBACK_LINES) -> str:
     kept = text.rstrip().splitlines()
     shown = (["..."] if len(kept) > lines else []) + kept[-lines:]
