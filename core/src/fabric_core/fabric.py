@@ -680,6 +680,32 @@ class Fabric:
         report_progress()
         return remainder
 
+    def latest_checkpoint(self, series: str | Path) -> str | None:
+        """The newest complete checkpoint of a numbered series, the same on every rank; ``None`` before the first.
+
+        ``series`` is the checkpoints' name with ``*`` for the number (``"ckpts/step-*.ckpt"``, ``"s3://b/run/step-*"``)
+        or the path of one of them, as ``keep_last`` understands series. Global rank 0 looks and tells the others,
+        so every rank resumes from the same checkpoint even while a save or a prune changes the folder. Resume with
+        ``fabric.load(latest, state)``; see :mod:`fabric_core.utilities.resume` for the whole pattern.
+        """
+        from fabric_core.utilities.resume import _series, find_latest_checkpoint
+
+        _series(series)  # a series without a number is refused on every rank alike
+        found: str | None = None
+        error: str | None = None
+        if self.is_global_zero:
+            try:
+                location = find_latest_checkpoint(series)
+                found = None if location is None else str(location)
+            except Exception as err:  # the other ranks must not wait for an answer that never comes
+                error = f"{type(err).__name__}: {err}"
+        if self.world_size > 1:
+            self._validate_launched()
+            found, error = self._strategy.broadcast((found, error), src=0)
+        if error is not None:
+            raise RuntimeError(f"Looking for the newest checkpoint of {str(series)!r} failed on global rank 0: {error}")
+        return found
+
     def load_raw(self, path: str | Path, obj: Module | Optimizer, strict: bool = True, *, weights_only: bool | None = None) -> None:
         """Load a plain PyTorch checkpoint (a state dict) into a module or optimizer."""
         location = CheckpointLocation.of(path)  # decided once: a local path or a URL

@@ -534,6 +534,7 @@ class FabricDataLoader:
         self._device = device
         self._num_iter_calls = 0
         self._exhausted_epoch = -1  # the last epoch whose iteration ran to its end
+        self._continues_loaded_epoch = False  # the next __iter__ continues an epoch loaded from a checkpoint
 
     @property
     def device(self) -> torch.device | None:
@@ -559,19 +560,28 @@ class FabricDataLoader:
     def __iter__(self) -> Generator[Any, None, None]:
         epoch = self._num_iter_calls
         self._num_iter_calls += 1
+        continues = self._continues_loaded_epoch
+        self._continues_loaded_epoch = False
         if self._device is None:
-            return self._iterate(epoch)
-        return iterate_moved(partial(self._start_epoch, epoch), self._device, partial(self._end_epoch, epoch))
+            return self._iterate(epoch, continues)
+        start = partial(self._start_epoch, epoch, continues)
+        return iterate_moved(start, self._device, partial(self._end_epoch, epoch))
 
-    def _start_epoch(self, epoch: int) -> Iterator:
+    def _start_epoch(self, epoch: int, continues: bool = False) -> Iterator:
         self._set_epoch(epoch)
+        if continues:
+            # A DataLoader draws its base seed from torch's global generator when an epoch's iterator is made. The
+            # run that saved drew it when the epoch began, before the checkpoint; drawing it again on resuming would
+            # shift every random number after it (dropout, augmentations) against the run that never stopped.
+            with torch.random.fork_rng(devices=[]):
+                return iter(self._dataloader)
         return iter(self._dataloader)
 
     def _end_epoch(self, epoch: int) -> None:
         self._exhausted_epoch = epoch
 
-    def _iterate(self, epoch: int) -> Generator[Any, None, None]:
-        yield from self._start_epoch(epoch)
+    def _iterate(self, epoch: int, continues: bool = False) -> Generator[Any, None, None]:
+        yield from self._start_epoch(epoch, continues)
         self._exhausted_epoch = epoch
 
     # ------------------------------------------------------------------------------------------------ state
@@ -589,10 +599,15 @@ class FabricDataLoader:
         """The loader's position: ``fabric_epoch``, ``fabric_sampler_seed`` and the wrapped loader's own state.
 
         ``fabric_epoch`` is the epoch the loader continues with after loading: the one in progress if iteration
-        stopped before its end, else the next one. ``dataloader`` is present when the wrapped loader has a
-        ``state_dict`` (a plain ``DataLoader`` has none; it restarts the saved epoch from its beginning).
+        stopped before its end, else the next one; ``fabric_mid_epoch`` says which. ``dataloader`` is present when
+        the wrapped loader has a ``state_dict`` (a plain ``DataLoader`` has none; it restarts the saved epoch from
+        its beginning).
         """
-        state: dict[str, Any] = {"fabric_epoch": self._resume_epoch()}
+        started = self._num_iter_calls
+        state: dict[str, Any] = {
+            "fabric_epoch": self._resume_epoch(),
+            "fabric_mid_epoch": started > 0 and self._exhausted_epoch != started - 1,
+        }
         sampler = self._distributed_sampler()
         if sampler is not None:
             state["fabric_sampler_seed"] = int(sampler.seed)
@@ -631,7 +646,10 @@ class FabricDataLoader:
             self._load_inner(state_dict)
             return
         if "dataloader" in state_dict:
-            self._load_inner(state_dict["dataloader"])
+            with torch.random.fork_rng(devices=[]):  # loading a position draws no random numbers of the run
+                self._load_inner(state_dict["dataloader"])
+        # Only a stateful loader continues the saved epoch where it stopped (a plain one restarts it).
+        self._continues_loaded_epoch = bool(state_dict.get("fabric_mid_epoch")) and "dataloader" in state_dict
         sampler = self._distributed_sampler()
         if sampler is not None and "fabric_sampler_seed" in state_dict:
             sampler.seed = int(state_dict["fabric_sampler_seed"])
