@@ -643,7 +643,8 @@ class FabricDataLoader:
             )
         if "fabric_epoch" not in state_dict:
             # The wrapped loader's own state, e.g. saved from the unwrapped loader: the epoch counter stays.
-            self._load_inner(state_dict)
+            with torch.random.fork_rng(devices=[]):
+                self._load_inner(state_dict)
             return
         if "dataloader" in state_dict:
             with torch.random.fork_rng(devices=[]):  # loading a position draws no random numbers of the run
