@@ -12,7 +12,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from jobs import read_json, run_ranks
 
 REPO = Path(__file__).resolve().parents[2]

@@ -95,7 +95,7 @@ def test_unpicklable_function_under_spawn_explains_the_fix():
     pytest.importorskip("fabric_ddp")
     fabric = Fabric(accelerator="cpu", strategy="ddp_spawn", devices=2)
     local = lambda fabric: None  # noqa: E731 (the point: a lambda cannot be pickled)
-    with pytest.raises(TypeError, match="cannot be pickled.*top level of a module.*strategy='ddp'"):
+    with pytest.raises(TypeError, match=r"cannot be pickled.*top level of a module.*DDPStrategy\(start_method='fork'\)"):
         fabric.launch(local)
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-
 from jobs import read_json, run_ranks
 
 WORKER = textwrap.dedent(

@@ -271,7 +271,7 @@ def _no_auto_strategy_message(registry: Registry, accelerator: Accelerator, num_
 def _resolve_precision(
     registry: Registry, precision: Any, user: _UserPlugins, strategy: Strategy, accelerator: Accelerator
 ) -> Precision:
-    """The user's precision object, the strategy's own, or the hook's answer for the precision name."""
+    """The user's precision object, the strategy's own, the strategy's answer for the name, or the hook's."""
     if user.precision is not None:
         return user.precision
     own = strategy.configured_precision
@@ -282,7 +282,10 @@ def _resolve_precision(
                 f"precision set through both the strategy object ({own!r}) and `precision={precision!r}`, choose one."
             )
         return own
-    answer = registry.decisions.select_precision(_precision_name(registry, precision), strategy, accelerator)
+    name = _precision_name(registry, precision)
+    answer = strategy.precision_for(name, accelerator)
+    if answer is None:
+        answer = registry.decisions.select_precision(name, strategy, accelerator)
     if answer is None:
         raise _unknown_precision(registry, precision, strategy)
     return answer

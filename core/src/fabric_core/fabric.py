@@ -30,9 +30,19 @@ from fabric_core.io.retention import prune, series_pattern
 from fabric_core.io.state import is_stateful
 from fabric_core.loggers.base import Logger, finalize_logger
 from fabric_core.strategies.base import Strategy
+from fabric_core.strategies.layout import declares_data_parallel
 from fabric_core.utilities import failures
 from fabric_core.utilities.apply import apply_to_collection, convert_tensors_to_scalars, convert_to_tensors
+from fabric_core.utilities.dtensor import has_dtensor_parameters, to_full_tensor
 from fabric_core.utilities.hang import report_progress, start_watchdog
+from fabric_core.utilities.parameters import (
+    ParameterPlaces,
+    Replacements,
+    check_optimizer_updates,
+    record_parameters,
+    replaced_parameters,
+    rewire_optimizer,
+)
 from fabric_core.utilities.rank_zero import PossibleUserWarning, rank_zero_warn
 from fabric_core.wrappers import (
     FabricDataLoader,
@@ -102,6 +112,8 @@ class Fabric:
         self._launched = False
         #: what `backward` may skip for the strategy's precision (wrappers.FastPaths)
         self._paths = FastPaths(self._strategy)
+        #: parameters that setting up a model replaced, for optimizers set up afterwards (`setup_optimizers`)
+        self._replaced: Replacements = {}
 
         if type(self).run is not Fabric.run:
             if connector.launched_by_cli():
@@ -257,13 +269,16 @@ class Fabric:
         self._validate_setup(module, optimizers, "setup")
         module, compile_kwargs = self._unwrap_compiled(module, _reapply_compile)
         original = module
+        places = record_parameters(module)
         module = self._precision.convert_module(module)
         if move_to_device:
             module = self._move_model_to_device(module, list(optimizers))
         if optimizers:
+            self._rewire(optimizers, replaced_parameters(places))  # conversions that replaced parameters
             forward_module, opts, scheduler = self._strategy.setup_module_and_optimizers(module, list(optimizers), scheduler)
         else:
             forward_module, opts = self._strategy.setup_module(module), []
+        self._after_strategy_setup(forward_module, places, optimizers, "setup")
         if compile_kwargs is not None:
             forward_module = torch.compile(forward_module, **compile_kwargs)
         wrapped = FabricModule(forward_module, self._strategy, original_module=original)
@@ -284,10 +299,12 @@ class Fabric:
         self._validate_setup(module, (), "setup_module")
         module, compile_kwargs = self._unwrap_compiled(module, _reapply_compile)
         original = module
+        places = record_parameters(module)
         module = self._precision.convert_module(module)
         if move_to_device:
             module = self._move_model_to_device(module, [])
         forward_module = self._strategy.setup_module(module)
+        self._after_strategy_setup(forward_module, places, (), "setup_module")
         if compile_kwargs is not None:
             forward_module = torch.compile(forward_module, **compile_kwargs)
         self._models_setup += 1
@@ -307,6 +324,7 @@ class Fabric:
         if any(isinstance(o, FabricOptimizer) for o in optimizers):
             raise ValueError("An optimizer should be passed only once to the `setup_optimizers` method.")
         _check_optimizers(optimizers, "fabric.setup_optimizers")
+        self._rewire(optimizers, self._replaced)  # an optimizer created before `setup_module` replaced parameters
         self._check_meta_params(optimizers, joint=False)
         report_progress()
         wrapped = tuple(FabricOptimizer(self._strategy.setup_optimizer(o), self._strategy, self._callbacks) for o in optimizers)
@@ -385,6 +403,34 @@ class Fabric:
                         " model would never train. Create it from this model: `torch.optim.AdamW(model.parameters())`,"
                         " then `model, optimizer = fabric.setup(model, optimizer)`."
                     )
+
+    @staticmethod
+    def _rewire(optimizers: Iterable[Optimizer], replaced: Replacements) -> None:
+        if replaced:
+            for optimizer in optimizers:
+                rewire_optimizer(optimizer, replaced)
+
+    def _after_strategy_setup(
+        self, forward_module: Module, places: ParameterPlaces, optimizers: Iterable[Optimizer], method: str
+    ) -> None:
+        """What must hold once the strategy has set the model up, whatever the strategy (docs/decisions.md,
+        "Strategies we did not write"): optimizers update the parameters the model now has, and a model whose
+        parameters are sharded (DTensors) comes from a strategy that says which processes share data."""
+        replaced = replaced_parameters(places)
+        self._replaced.update(replaced)
+        module = self._strategy.unwrap_module(forward_module)
+        name = type(self._strategy).__name__
+        for index, optimizer in enumerate(optimizers):
+            rewire_optimizer(optimizer, replaced)
+            check_optimizer_updates(optimizer, index, module, name, method)
+        if self._strategy.world_size > 1 and not declares_data_parallel(self._strategy) and has_dtensor_parameters(module):
+            raise ValueError(
+                f"`{name}` set the model up with sharded (DTensor) parameters but does not say which of its"
+                f" {self._strategy.world_size} processes train on the same data, so `fabric.setup_dataloaders` would"
+                " give every process its own batches, which is wrong for tensor-parallel peers. The strategy must"
+                " declare `data_parallel_rank` and `data_parallel_size` (for a strategy that shards only over data"
+                " parallel processes, such as FSDP, they are the global rank and the world size)."
+            )
 
     def _check_meta_params(self, optimizers: Iterable[Optimizer], joint: bool) -> None:
         for optimizer in optimizers:
@@ -487,9 +533,10 @@ class Fabric:
         if clip_val is not None:
             self._strategy.clip_gradients_value(module, optimizer, clip_val=clip_val)
             return None
-        return self._strategy.clip_gradients_norm(
+        norm = self._strategy.clip_gradients_norm(
             module, optimizer, max_norm=cast(float, max_norm), norm_type=norm_type, error_if_nonfinite=error_if_nonfinite
         )
+        return to_full_tensor(norm)  # a plain tensor, also from a strategy that returns the norm as a DTensor
 
     def autocast(self) -> AbstractContextManager:
         """The precision's forward context, for code that runs outside the model's forward."""

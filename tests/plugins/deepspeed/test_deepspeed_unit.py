@@ -82,7 +82,7 @@ def test_fabric_plugins_check_reports_every_name_available() -> None:
     ours = {e["name"]: e["status"] for e in report["entries"] if e["distribution"] == "fabric-deepspeed"}
     assert ours == dict.fromkeys(NAMES, "available")
     plugin = next(p for p in report["plugins"] if p["distribution"] == "fabric-deepspeed")
-    assert sorted(plugin["decision_hooks"]) == ["fabric_select_checkpoint_reader", "fabric_select_precision"]
+    assert sorted(plugin["decision_hooks"]) == ["fabric_select_checkpoint_reader"]  # its precision: the strategy's own
     assert not any(f["distribution"] == "fabric-deepspeed" for f in report["failures"])
 
 

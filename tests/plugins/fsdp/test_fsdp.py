@@ -302,23 +302,21 @@ def test_registration_is_cheap_and_complete() -> None:
     assert done.stdout.strip() == "['fsdp', 'fsdp_cpu_offload', 'fsdp_hybrid', 'fsdp_no_reshard'] [] fabric-fsdp"
 
 
-def test_precision_hook_answers_for_fsdp_only() -> None:
+def test_the_fsdp_strategy_chooses_its_own_precision() -> None:
     from fabric_core.accelerators.cpu import CPUAccelerator
     from fabric_core.plugins import get_registry
-    from fabric_core.strategies.single_device import SingleDeviceStrategy
     from fabric_fsdp import FSDPPrecision, FSDPStrategy
 
     registry = get_registry()
-    hook = registry.hook.fabric_select_precision
     cpu = CPUAccelerator()
     fsdp = registry.create("strategy", "fsdp")
     assert isinstance(fsdp, FSDPStrategy)
     for name in ("32-true", "bf16-true", "16-true"):
-        chosen = hook(registry=registry, precision=name, strategy=fsdp, accelerator=cpu)
+        chosen = fsdp.precision_for(name, cpu)
         assert isinstance(chosen, FSDPPrecision) and chosen.precision == name
-    other = hook(registry=registry, precision="32-true", strategy=SingleDeviceStrategy(torch.device("cpu")), accelerator=cpu)
-    assert not isinstance(other, FSDPPrecision)
-    assert not isinstance(hook(registry=registry, precision="64-true", strategy=fsdp, accelerator=cpu), FSDPPrecision)
+    assert fsdp.precision_for("64-true", cpu) is None  # the registered 64-true: FSDP2 shards the model as it is
+    assert "fabric_select_precision" not in {c.name for c in registry.plugin_manager.get_hookcallers(
+        registry.plugin_manager.get_plugin("fsdp")) or []}  # fmt: skip
 
     mixed = FSDPPrecision("bf16-mixed")
     policy = mixed.mixed_precision_policy(root=True)

@@ -14,7 +14,7 @@ from torch import nn
 from fabric_core import Fabric
 from fabric_fsdp import FSDPPrecision, FSDPStrategy
 from fabric_fsdp.checkpoint import CheckpointPathError
-from fabric_fsdp.sharding import rewire_optimizer
+from fabric_fsdp.sharding import check_optimizer
 
 
 def test_messages_use_the_reference_words(tmp_path: Path) -> None:
@@ -35,7 +35,7 @@ def test_messages_use_the_reference_words(tmp_path: Path) -> None:
         with strategy.backward_sync_control.no_backward_sync(model, enabled=True):
             pass
     with pytest.raises(ValueError, match=r"^The optimizer does not seem to reference any FSDP parameters\. HINT: Make sure to create the optimizer after setting up the model"):
-        rewire_optimizer(optimizer, {})
+        check_optimizer(optimizer)
     with pytest.raises(ValueError, match=r"^`precision='bf16-mixed'` does not use a scaler, found"):
         FSDPPrecision("bf16-mixed", scaler=object())
     with pytest.raises(ValueError, match=r"^`precision='64-true'` is not supported in FSDP\. .*precision='64-true'\)`"):

@@ -10,6 +10,20 @@ if TYPE_CHECKING:
     from fabric_core.strategies.base import Strategy
 
 
+def start_method_hint(strategy: Strategy, start_method: str) -> str:
+    """How the user of ``strategy`` makes its processes start with ``start_method``, in words for an error message.
+
+    Messages name the strategy in use, never a particular plugin's: a strategy built on the core's
+    ``ParallelStrategy`` takes ``start_method=``; for any other, its own documentation says.
+    """
+    from fabric_core.strategies.parallel import ParallelStrategy
+
+    name = type(strategy).__name__
+    if isinstance(strategy, ParallelStrategy):
+        return f"`{name}(start_method={start_method!r})` (or a registered name of it that starts processes that way)"
+    return f"a strategy whose processes start with {start_method!r} (`{name}` cannot be switched by Fabric)"
+
+
 class Launcher(ABC):
     """Starts the processes of a run and calls ``function`` in each.
 

@@ -22,13 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fabric_core.launchers.base import Launcher
+from fabric_core.launchers.base import Launcher, start_method_hint
 from fabric_core.utilities import failures
 from fabric_core.utilities.process_group import abandon_at_exit, release_process_group
-from fabric_core.utilities.topology import Topology
+from fabric_core.utilities.topology import export_rendezvous
 
 if TYPE_CHECKING:
-    from fabric_core.strategies.parallel import ParallelStrategy
+    from fabric_core.strategies.layout import ProcessPerDevice
 
 _POLL_S = 0.05
 
@@ -44,16 +44,16 @@ class MultiProcessingLauncher(Launcher):
 
     requires_function = True
 
-    strategy: ParallelStrategy
+    strategy: ProcessPerDevice
 
-    def __init__(self, strategy: ParallelStrategy, start_method: str = "spawn") -> None:
+    def __init__(self, strategy: ProcessPerDevice, start_method: str = "spawn") -> None:
         super().__init__(strategy)
         available = multiprocessing.get_all_start_methods()
         if start_method not in available:
             if start_method == "fork":
                 raise ValueError(
-                    "You selected a strategy with the 'fork' start method (such as `Fabric(strategy='ddp_fork')`) but"
-                    " process forking is not supported on this platform. We recommend `Fabric(strategy='ddp_spawn')`"
+                    f"`{type(strategy).__name__}` starts its processes with the 'fork' start method, but process"
+                    f" forking is not supported on this platform. Use {start_method_hint(strategy, 'spawn')}"
                     " instead."
                 )
             raise ValueError(
@@ -76,15 +76,14 @@ class MultiProcessingLauncher(Launcher):
         import torch.multiprocessing as mp
 
         if self.start_method == "fork":
-            _check_can_fork()
+            _check_can_fork(self.strategy)
         else:
             _check_main_guard(self.start_method)
-            _check_picklable(function, self.start_method)
+            _check_picklable(function, self.start_method, self.strategy)
         env = self.strategy.cluster_environment
         if env is not None:
             # Decide the rendezvous once, here, so all workers see the same (possibly freshly picked) port.
-            os.environ["MASTER_ADDR"] = env.main_address
-            os.environ["MASTER_PORT"] = str(env.main_port)
+            export_rendezvous(env)
         context = mp.get_context(self.start_method)
         results = context.SimpleQueue()
         state = _GlobalState.capture() if self.start_method != "fork" else None
@@ -195,7 +194,7 @@ def _check_main_guard(start_method: str) -> None:
         )
 
 
-def _check_picklable(function: Callable[..., Any], start_method: str) -> None:
+def _check_picklable(function: Callable[..., Any], start_method: str, strategy: ProcessPerDevice) -> None:
     import pickle
 
     try:
@@ -205,8 +204,9 @@ def _check_picklable(function: Callable[..., Any], start_method: str) -> None:
         raise TypeError(
             f"`fabric.launch({name})` with start method {start_method!r} sends the function to new processes by"
             f" pickling it, and it cannot be pickled ({type(err).__name__}: {err}). Define it at the top level of a"
-            " module (not inside another function, not a lambda), or use a strategy that re-runs the script"
-            " (`strategy='ddp'`) or forks (`strategy='ddp_fork'`)."
+            f" module (not inside another function, not a lambda), or start `{type(strategy).__name__}`'s processes"
+            f" without pickling: {start_method_hint(strategy, 'fork')}, or by re-running the script:"
+            f" {start_method_hint(strategy, 'popen')}."
         ) from err
 
 
@@ -226,21 +226,21 @@ def _stop_workers(processes: list[Any], grace: float = 5.0) -> None:
             p.join(timeout=1.0)
 
 
-def _check_can_fork() -> None:
+def _check_can_fork(strategy: ProcessPerDevice) -> None:
     import torch
 
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         raise RuntimeError(
             "Cannot re-initialize CUDA in forked subprocess: CUDA was already initialized in this process, and"
             " forked processes cannot use it. To use CUDA with multiprocessing, you must use the 'spawn' start"
-            " method (`strategy='ddp_spawn'`) or avoid CUDA initialization (`torch.cuda.*`, moving tensors to the"
-            " GPU) before `fabric.launch()`."
+            f" method ({start_method_hint(strategy, 'spawn')}) or avoid CUDA initialization (`torch.cuda.*`, moving"
+            " tensors to the GPU) before `fabric.launch()`."
         )
 
 
 def _worker(
     process_idx: int,
-    strategy: ParallelStrategy,
+    strategy: ProcessPerDevice,
     function: Callable[..., Any],
     args: tuple,
     kwargs: dict[str, Any],
@@ -263,7 +263,7 @@ def _worker(
     os.environ["LOCAL_RANK"] = str(process_idx)
     env = strategy.cluster_environment
     if env is not None:
-        topology = Topology(strategy.num_nodes, strategy.num_processes, env.node_rank(), process_idx)
+        topology = strategy.configured_topology.with_local_rank(process_idx)
         env.set_global_rank(topology.global_rank)
         env.set_world_size(topology.world_size)
     try:

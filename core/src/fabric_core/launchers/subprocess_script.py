@@ -41,14 +41,15 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from fabric_core.launchers.base import Launcher
+from fabric_core.launchers.base import Launcher, start_method_hint
 from fabric_core.utilities import failures, hang
 from fabric_core.utilities.process_group import release_process_group
 from fabric_core.utilities.topology import Topology, threads_per_process
 
 if TYPE_CHECKING:
     from fabric_core.environments.base import ClusterEnvironment
-    from fabric_core.strategies.parallel import ParallelStrategy
+    from fabric_core.strategies.base import Strategy
+    from fabric_core.strategies.layout import ProcessPerDevice
 
 #: Set to "1" in every process this launcher starts.
 CHILD_FLAG = "FABRIC_LAUNCHER_CHILD"
@@ -57,8 +58,8 @@ DEFAULT_GRACE_S = 5.0
 _POLL_S = 0.05
 
 
-def script_command() -> list[str]:
-    """The command line that started this interpreter, ready to be run again for another rank."""
+def script_command(strategy: Strategy | None = None) -> list[str]:
+    """The command line that started this interpreter, ready to be run again for another rank of ``strategy``."""
     import __main__
 
     spec = getattr(__main__, "__spec__", None)
@@ -70,10 +71,14 @@ def script_command() -> list[str]:
     if main_file and script and os.path.basename(main_file) == os.path.basename(script):
         script = main_file  # absolute since Python 3.9: still right if the script changed directory since
     if not script or script == "-c" or not os.path.exists(script):
+        who = f"`{type(strategy).__name__}`" if strategy is not None else "This strategy"
+        alternative = f"start them from a function: {start_method_hint(strategy, 'spawn')}" if strategy is not None else (
+            "use a strategy that starts them from a function"
+        )
         raise RuntimeError(
-            "The subprocess launcher of `strategy='ddp'` re-runs your script for the other ranks, but this process"
+            f"{who} starts its other local ranks by re-running your script (launcher 'subprocess'), but this process"
             f" was not started from a script file (sys.argv[0]={script!r}). Run your code as `python script.py`,"
-            " use `fabric run`, or choose `strategy='ddp_spawn'` and pass a function to `fabric.launch()`."
+            f" use `fabric run`, or {alternative}, and pass that function to `fabric.launch()`."
         )
     # Console scripts made by pip are Python files too, so the interpreter can always run the file.
     return [sys.executable, *_interpreter_flags(), os.path.abspath(script), *sys.argv[1:]]
@@ -414,9 +419,9 @@ class SubprocessScriptLauncher(Launcher):
     requires_function = False
     is_interactive_compatible = False
 
-    strategy: ParallelStrategy
+    strategy: ProcessPerDevice
 
-    def __init__(self, strategy: ParallelStrategy) -> None:
+    def __init__(self, strategy: ProcessPerDevice) -> None:
         super().__init__(strategy)
         self.children: _ChildGroup | None = None
         self._previous: dict[str, str | None] = {}
@@ -425,10 +430,9 @@ class SubprocessScriptLauncher(Launcher):
     def num_processes(self) -> int:
         return self.strategy.num_processes
 
-    def _export(self, values: dict[str, str], keys: Sequence[str]) -> None:
-        for key in keys:
-            self._previous.setdefault(key, os.environ.get(key))
-            os.environ[key] = values[key]
+    def _export(self, topology: Topology, env: ClusterEnvironment, keys: Sequence[str]) -> None:
+        for key, value in topology.export(env.main_address, env.main_port, keys).items():
+            self._previous.setdefault(key, value)
 
     def teardown(self) -> None:
         """Put back the variables this process exported for its job, so a later job here starts clean."""
@@ -446,7 +450,7 @@ class SubprocessScriptLauncher(Launcher):
         return function(*args, **kwargs)
 
     def _topology(self, env: ClusterEnvironment, local_rank: int) -> Topology:
-        return Topology(self.strategy.num_nodes, self.num_processes, env.node_rank(), local_rank)
+        return self.strategy.configured_topology.with_local_rank(local_rank)
 
     def child_environment(self, env: ClusterEnvironment, local_rank: int) -> dict[str, str]:
         """The environment of the child for ``local_rank``: this process's plus the rendezvous variables."""
@@ -458,10 +462,10 @@ class SubprocessScriptLauncher(Launcher):
         return child
 
     def _start_children(self, env: ClusterEnvironment, command: Sequence[str] | None = None) -> None:
-        command = list(command) if command is not None else script_command()
+        command = list(command) if command is not None else script_command(self.strategy)
         # Fix the rendezvous in this process first, so rank 0 and the children agree on the (free) port.
-        rank_zero_env = self._topology(env, 0).environment(env.main_address, env.main_port)
-        self._export(rank_zero_env, ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "WORLD_SIZE"))
+        rank_zero = self._topology(env, 0)
+        self._export(rank_zero, env, ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "WORLD_SIZE"))
         preexec = _parent_death_signal()
         group_kwargs: dict[str, Any] = {}
         if os.name == "posix":
@@ -488,7 +492,7 @@ class SubprocessScriptLauncher(Launcher):
             raise
         # From now on this process is local rank 0 of a complete set of launcher variables: a later `launch()` must
         # not start more children, and a later Fabric in this process sees a consistent job.
-        self._export(rank_zero_env, ("LOCAL_RANK", "RANK"))
+        self._export(rank_zero, env, ("LOCAL_RANK", "RANK"))
         self.children = _ChildGroup(processes, ranks, error_dir)
         if processes:
             self.children.install()

@@ -145,12 +145,14 @@ def fabric_select_precision(
 ) -> Precision | None:
     """Return the precision object that ``strategy`` needs for the canonical precision name ``precision``.
 
-    ``precision`` is normalised (``"bf16-mixed"``, ``"32-true"``, ...) when a registered precision knows the
-    name, otherwise it is the user's value lower-cased, so a strategy plugin can serve precision names that no
-    precision plugin registers (return ``None`` for names you do not serve). Strategy plugins that need
-    their own precision type (FSDP, DeepSpeed, XLA) implement this with ``tryfirst=True`` and return ``None``
-    for strategies that are not theirs. The core's default (``trylast``) builds the registered precision
-    of that name. Raise ``ValueError`` for a combination the strategy cannot run.
+    Asked after the strategy itself had its say: ``strategy`` is fully attached (accelerator, devices, nodes,
+    environment), and a strategy that needs its own precision type (FSDP, DeepSpeed, XLA) returns it from
+    :meth:`~fabric_core.strategies.base.Strategy.precision_for`, so this hook only sees strategies that leave the
+    choice to others. ``precision`` is normalised (``"bf16-mixed"``, ``"32-true"``, ...) when a registered
+    precision knows the name, otherwise it is the user's value lower-cased. Implement it for a rule across
+    strategies (an accelerator plugin refusing strategies of other families on its devices); return ``None`` for
+    what is not yours. The core's default (``trylast``) builds the registered precision of that name. Raise
+    ``ValueError`` for a combination that cannot run.
     """
 
 

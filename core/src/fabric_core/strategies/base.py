@@ -157,6 +157,18 @@ class Strategy(ABC):
         """The precision used when none was set (the core's 32-bit one); a strategy whose engine casts overrides it."""
         return Precision()
 
+    def precision_for(self, precision: str, accelerator: Accelerator) -> Precision | None:
+        """The precision object this strategy needs for the name ``precision``, or ``None`` to use the one the
+        ``fabric_select_precision`` hook gives (the registered precision of that name, by default).
+
+        Asked once, by the resolver, after :meth:`attach` (so devices, nodes and environment are known) and only
+        when neither the user nor the strategy's constructor gave a precision object. ``precision`` is canonical
+        (``"bf16-mixed"``, ``"32-true"``, ...) when a registered precision knows the name, else the user's value
+        lower-cased. A strategy whose engine does the casting (FSDP, DeepSpeed, XLA) returns its own type; raise
+        ``ValueError`` for a name it cannot run.
+        """
+        return None
+
     def check_precision(self, precision: Precision | None) -> None:  # noqa: B027 (optional hook)
         """Refuse, with what to use instead, a precision object this strategy cannot drive (one made for another
         strategy would bypass its casting). Called whenever a precision is set: constructor, resolver, assignment.
@@ -196,18 +208,23 @@ class Strategy(ABC):
 
     @property
     def global_rank(self) -> int:
+        """This process's rank among all processes of the job (0 here: one process)."""
         return 0
 
     @property
     def local_rank(self) -> int:
+        """This process's rank among the processes of its node."""
         return 0
 
     @property
     def node_rank(self) -> int:
+        """The index of this process's node."""
         return 0
 
     @property
     def world_size(self) -> int:
+        """How many processes the job has (1 here; :class:`~fabric_core.strategies.layout.ProcessPerDevice`
+        counts one per device and node)."""
         return 1
 
     @property
@@ -219,8 +236,28 @@ class Strategy(ABC):
         return self.global_rank == 0
 
     @property
+    def data_parallel_rank(self) -> int:
+        """Which share of the data this process trains on: processes with the same data-parallel rank must get the
+        same batches (the tensor-parallel peers of a model sharded over several processes do).
+
+        The global rank by default, right when every process holds a whole replica or a data-parallel shard of the
+        model (DDP, FSDP). A strategy that splits the model over some of its processes overrides this and
+        :attr:`data_parallel_size`; the sampler of ``fabric.setup_dataloaders`` uses them, and ``fabric.setup``
+        refuses a model with DTensor parameters from a strategy that declares neither (the default could give
+        tensor-parallel peers different batches).
+        """
+        return self.global_rank
+
+    @property
+    def data_parallel_size(self) -> int:
+        """How many shares the data is split into (see :attr:`data_parallel_rank`); the world size by default."""
+        return self.world_size
+
+    @property
     def distributed_sampler_kwargs(self) -> dict[str, Any] | None:
-        """``num_replicas``/``rank`` for a ``DistributedSampler``; ``None`` when data is not sharded."""
+        """``num_replicas``/``rank`` for the ``DistributedSampler`` of ``fabric.setup_dataloaders``; ``None`` when
+        data is not sharded (one process). Multi-process layouts give :attr:`data_parallel_size` and
+        :attr:`data_parallel_rank`."""
         return None
 
     @property
@@ -269,8 +306,21 @@ class Strategy(ABC):
     def setup_module_and_optimizers(
         self, module: Module, optimizers: list[Optimizer], scheduler: Any = None
     ) -> tuple[Module, list[Optimizer], Any]:
-        """Set up a model with its optimizers. Engines that own both (DeepSpeed) override this."""
+        """Set up a model with its optimizers (``fabric.setup(model, *optimizers)``); returns the module the forward
+        pass goes through, the optimizers to step and the scheduler.
+
+        Receives the plain module (already converted by the precision and moved by :meth:`module_to_device`) and the
+        user's optimizers. By default :meth:`setup_module`, then the optimizers pointed at any parameter
+        ``setup_module`` replaced (sharding replaces them), then :meth:`setup_optimizer` for each. Engines that own
+        both (DeepSpeed) override this.
+        """
+        from fabric_core.utilities.parameters import record_parameters, replaced_parameters, rewire_optimizer
+
+        places = record_parameters(module)
         module = self.setup_module(module)
+        replaced = replaced_parameters(places)
+        for optimizer in optimizers:
+            rewire_optimizer(optimizer, replaced)
         optimizers = [self.setup_optimizer(o) for o in optimizers]
         return module, optimizers, scheduler
 
@@ -311,11 +361,18 @@ class Strategy(ABC):
         norm_type: float | int | str = 2.0,
         error_if_nonfinite: bool = True,
     ) -> Tensor:
+        """``fabric.clip_gradients(model, optimizer, max_norm=...)``, with the plain module and optimizer: unscale
+        the gradients (loss scaling), clip them by their total norm, return that norm (before clipping) as a plain
+        tensor.
+
+        Gradients that are DTensors (a strategy that shards parameters) are clipped by the norm over every shard on
+        every rank (:func:`fabric_core.utilities.dtensor.clip_grad_norm`); call it on every rank.
+        """
+        from fabric_core.utilities.dtensor import clip_grad_norm
+
         self.precision.unscale_gradients(optimizer)
         parameters = list(self.precision.main_params(optimizer))
-        return torch.nn.utils.clip_grad_norm_(
-            parameters, max_norm=max_norm, norm_type=float(norm_type), error_if_nonfinite=error_if_nonfinite
-        )
+        return clip_grad_norm(parameters, float(max_norm), float(norm_type), error_if_nonfinite)
 
     def clip_gradients_value(self, module: Module, optimizer: Optimizer, clip_val: float | int) -> None:
         self.precision.unscale_gradients(optimizer)

@@ -1,8 +1,10 @@
-"""Base for strategies that run one process per device joined by a ``torch.distributed`` process group.
+"""Collectives over a ``torch.distributed`` process group, and ``ParallelStrategy``: one process per device joined
+by one.
 
-``ParallelStrategy`` owns that process group: it creates and destroys it, keeps the rank bookkeeping and
-implements the collectives. Plugins such as DDP and FSDP subclass it and only add how the module is wrapped;
-the launchers that start its processes are typed against it.
+:class:`ProcessGroupCollectives` owns the process group: it creates it (``setup_environment``), destroys it
+(``teardown``) and implements the collectives over it, whatever the processes' layout. :class:`ParallelStrategy`
+combines it with the one-process-per-device layout (:class:`~fabric_core.strategies.layout.ProcessPerDevice`).
+Plugins such as DDP and FSDP subclass it and only add how the module is wrapped.
 """
 
 from __future__ import annotations
@@ -14,17 +16,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from fabric_core.strategies.base import Strategy, check_reduce_op
+from fabric_core.strategies.collectives import Collectives, check_broadcast_src
+from fabric_core.strategies.layout import ProcessPerDevice
 from fabric_core.utilities import rank_zero
 from fabric_core.utilities.object_collectives import broadcast_object
 from fabric_core.utilities.process_group import release_at_exit
-from fabric_core.utilities.topology import Topology, threads_per_process
+from fabric_core.utilities.topology import export_rendezvous, threads_per_process
 
 if TYPE_CHECKING:
     from fabric_core.accelerators.base import Accelerator
     from fabric_core.environments.base import ClusterEnvironment
     from fabric_core.io.checkpoint_io import CheckpointIO
-    from fabric_core.io.format import FindReader
     from fabric_core.precision.base import Precision
 
 DEFAULT_TIMEOUT = timedelta(minutes=30)
@@ -77,133 +79,23 @@ def restart_attempt_store(address: str, port: int, world_size: int, timeout: tim
     return dist.PrefixStore(f"/fabric/attempt_{attempt}", store)
 
 
-class ParallelStrategy(Strategy):
-    """One process per device, across ``num_nodes`` nodes, joined by a ``torch.distributed`` process group.
+class ProcessGroupCollectives(Collectives):
+    """Collectives over a ``torch.distributed`` process group, which this class creates and destroys.
 
-    Args:
-        parallel_devices: the devices of this node (one process each); by default what ``devices=`` resolved to.
-        cluster_environment: where ranks and the rendezvous come from; by default the detected one.
-        process_group_backend: ``"gloo"``, ``"nccl"``, ...; by default the accelerator's (nccl on CUDA, gloo
-            otherwise).
-        timeout: how long a collective waits for the other ranks before failing (default: ``FABRIC_TIMEOUT``
-            seconds if set, else 30 minutes).
-        start_method: ``"popen"`` (re-run the script for each extra local rank), ``"spawn"``, ``"fork"`` or
-            ``"forkserver"`` (run the function given to ``fabric.launch`` in new processes).
+    The strategy provides ``cluster_environment`` (rank, world size, rendezvous address), ``root_device``,
+    ``process_group_backend`` (``None``: nccl on CUDA, gloo otherwise) and ``timeout``. Before the group exists
+    (one process, or before ``launch``) every collective is an identity.
     """
 
-    requires_launch = True
-    launcher_name = "subprocess"
-
-    def __init__(
-        self,
-        accelerator: Accelerator | None = None,
-        parallel_devices: list[torch.device] | None = None,
-        cluster_environment: ClusterEnvironment | None = None,
-        checkpoint_io: CheckpointIO | None = None,
-        precision: Precision | None = None,
-        process_group_backend: str | None = None,
-        timeout: timedelta | None = DEFAULT_TIMEOUT,
-        start_method: str = "popen",
-    ) -> None:
-        super().__init__(accelerator=accelerator, checkpoint_io=checkpoint_io, precision=precision)
-        self.parallel_devices = parallel_devices
-        self.cluster_environment = cluster_environment
-        self.process_group_backend = process_group_backend
-        self.timeout = timeout
-        self.start_method = start_method
-        self.launcher_name = "subprocess" if start_method == "popen" else start_method
-        self._owns_process_group = False
-        self._unlimited_group: Any = None
-        self._checkpoint_group: Any = None
-
-    def attach(
-        self,
-        *,
-        accelerator: Accelerator,
-        devices: list[torch.device],
-        num_nodes: int,
-        cluster_environment: ClusterEnvironment | None,
-        checkpoint_io: CheckpointIO | None,
-        find_checkpoint_reader: FindReader | None = None,
-    ) -> None:
-        super().attach(
-            accelerator=accelerator,
-            devices=devices,
-            num_nodes=num_nodes,
-            cluster_environment=cluster_environment,
-            checkpoint_io=checkpoint_io,
-            find_checkpoint_reader=find_checkpoint_reader,
-        )
-        if self.parallel_devices is None:
-            self.parallel_devices = list(devices)
-        if self.cluster_environment is None:
-            self.cluster_environment = cluster_environment
-        self.set_world_ranks()
-
-    # ---------------------------------------------------------------------------------------- topology
-    @property
-    def num_processes(self) -> int:
-        return len(self.parallel_devices) if self.parallel_devices else 0
-
-    @property
-    def root_device(self) -> torch.device:
-        if not self.parallel_devices:
-            return torch.device("cpu")
-        return self.parallel_devices[min(self.local_rank, len(self.parallel_devices) - 1)]
-
-    @property
-    def global_rank(self) -> int:
-        return self.cluster_environment.global_rank() if self.cluster_environment else 0
-
-    @property
-    def local_rank(self) -> int:
-        return self.cluster_environment.local_rank() if self.cluster_environment else 0
-
-    @property
-    def node_rank(self) -> int:
-        return self.cluster_environment.node_rank() if self.cluster_environment else 0
-
-    @property
-    def world_size(self) -> int:
-        return self.cluster_environment.world_size() if self.cluster_environment else 1
-
-    @property
-    def distributed_sampler_kwargs(self) -> dict[str, Any] | None:
-        return {"num_replicas": self.world_size, "rank": self.global_rank}
-
-    @property
-    def topology(self) -> Topology:
-        """This job's layout as this strategy was configured (``num_nodes`` x ``num_processes``)."""
-        return Topology(self.num_nodes, self.num_processes, self.node_rank, self.local_rank)
-
-    def set_world_ranks(self) -> None:
-        """Tell the cluster environment this process's rank and the world size, as ``devices``/``num_nodes`` make them.
-
-        Always, as the reference does, also where something else started the processes: an environment whose
-        launcher owns the ranks (torchrun, SLURM, ...) ignores the setters, and a custom one that starts processes
-        externally but does not know the world size learns it here.
-        """
-        env = self.cluster_environment
-        if env is None:
-            return
-        topology = self.topology
-        env.set_global_rank(topology.global_rank)
-        env.set_world_size(topology.world_size)
-        rank_zero.set_rank(env.global_rank())
+    cluster_environment: ClusterEnvironment | None
+    process_group_backend: str | None
+    timeout: timedelta | None
+    is_global_zero: bool
+    _owns_process_group: bool = False
+    _unlimited_group: Any = None
+    _checkpoint_group: Any = None
 
     # ---------------------------------------------------------------------------------------- lifecycle
-    def setup_environment(self) -> None:
-        self.set_world_ranks()
-        self._limit_cpu_threads()
-        self.init_process_group()
-        super().setup_environment()
-
-    def _limit_cpu_threads(self) -> None:
-        """Avoid thread oversubscription: N processes on one CPU each get cores/N intra-op threads."""
-        if self.root_device.type != "cpu" or "OMP_NUM_THREADS" in os.environ or self.num_processes <= 1:
-            return
-        torch.set_num_threads(threads_per_process(self.num_processes))
-
     def get_process_group_backend(self) -> str:
         if self.process_group_backend:
             return self.process_group_backend
@@ -218,9 +110,8 @@ class ParallelStrategy(Strategy):
         if dist.is_initialized():
             return
         env = self.cluster_environment
-        assert env is not None, "a parallel strategy needs a cluster environment"
-        os.environ["MASTER_ADDR"] = env.main_address
-        os.environ["MASTER_PORT"] = str(env.main_port)
+        assert env is not None, "a process group needs a cluster environment"
+        export_rendezvous(env)
         kwargs: dict[str, Any] = {}
         timeout = collective_timeout(self.timeout)
         if timeout is not None:
@@ -243,21 +134,20 @@ class ParallelStrategy(Strategy):
         self._owns_process_group = True
         release_at_exit()  # a gloo group alive at interpreter exit can turn a successful run into exit 134
 
-    def teardown(self) -> None:
+    def destroy_process_group(self) -> None:
+        """Destroy the process group this object created (and the groups made for checkpoints and waits).
+
+        Saves still finishing in the background may use them, so they are waited for first.
+        """
         from fabric_core.io import background
 
-        background.wait_all()  # saves finishing in the background may still use the process groups
+        background.wait_all()
         dist = _dist()
         self._unlimited_group = None
         self._checkpoint_group = None
         if self._owns_process_group and dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
             self._owns_process_group = False
-        if self.launcher is not None:
-            self.launcher.teardown()
-        if self.cluster_environment is not None:
-            self.cluster_environment.teardown()
-        super().teardown()
 
     # ---------------------------------------------------------------------------------------- collectives
     @staticmethod
@@ -286,7 +176,7 @@ class ParallelStrategy(Strategy):
         The ranks' shapes are compared first (one small all-gather): tensors of different shapes would otherwise
         be reduced element by element as flat buffers, a silently wrong result.
         """
-        op_name = check_reduce_op(reduce_op)
+        op_name = self.validate_reduce_op(reduce_op)
         if not self._ready():
             return tensor
         dist = _dist()
@@ -353,6 +243,7 @@ class ParallelStrategy(Strategy):
             return torch.stack(out)
 
     def barrier(self, name: str | None = None) -> None:
+        """Wait for every process of the group (on CUDA with nccl, on this process's device)."""
         if not self._ready():
             return
         dist = _dist()
@@ -362,14 +253,15 @@ class ParallelStrategy(Strategy):
             dist.barrier()
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
-        if not isinstance(src, int) or isinstance(src, bool) or not 0 <= src < self.world_size:
-            raise ValueError(f"`broadcast(src={src!r})`: `src` must be a rank between 0 and {self.world_size - 1}.")
+        """Send a picklable object from rank ``src`` to every process of the group."""
+        check_broadcast_src(src, self.world_size)
         if not self._ready():
             return obj
         gloo = self.get_process_group_backend() == "gloo"
         return broadcast_object(obj, src=src, device=torch.device("cpu") if gloo else self.root_device)
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        """The vote in one small all-reduce (no shape check: every rank sends one number)."""
         if not self._ready():
             return decision
         flag = torch.tensor(int(decision), device=self.root_device)
@@ -402,6 +294,65 @@ class ParallelStrategy(Strategy):
         if self._unlimited_group is None:
             raise RuntimeError("call `prepare_barrier_without_timeout()` on every rank first")
         _dist().barrier(group=self._unlimited_group)
+
+
+class ParallelStrategy(ProcessGroupCollectives, ProcessPerDevice):
+    """One process per device, across ``num_nodes`` nodes, joined by a ``torch.distributed`` process group.
+
+    Args:
+        parallel_devices: the devices of this node (one process each); by default what ``devices=`` resolved to.
+        cluster_environment: where ranks and the rendezvous come from; by default the detected one.
+        process_group_backend: ``"gloo"``, ``"nccl"``, ...; by default the accelerator's (nccl on CUDA, gloo
+            otherwise).
+        timeout: how long a collective waits for the other ranks before failing (default: ``FABRIC_TIMEOUT``
+            seconds if set, else 30 minutes).
+        start_method: ``"popen"`` (re-run the script for each extra local rank), ``"spawn"``, ``"fork"`` or
+            ``"forkserver"`` (run the function given to ``fabric.launch`` in new processes).
+    """
+
+    requires_launch = True
+    launcher_name = "subprocess"
+
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        precision: Precision | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = DEFAULT_TIMEOUT,
+        start_method: str = "popen",
+    ) -> None:
+        super().__init__(accelerator=accelerator, checkpoint_io=checkpoint_io, precision=precision)
+        self.parallel_devices = parallel_devices
+        self.cluster_environment = cluster_environment
+        self.process_group_backend = process_group_backend
+        self.timeout = timeout
+        self.start_method = start_method
+        self.launcher_name = "subprocess" if start_method == "popen" else start_method
+
+    def setup_environment(self) -> None:
+        """In each process: its rank, its share of the CPU threads, the process group, then the device."""
+        self.set_world_ranks()
+        self._limit_cpu_threads()
+        self.init_process_group()
+        super().setup_environment()
+
+    def _limit_cpu_threads(self) -> None:
+        """Avoid thread oversubscription: N processes on one CPU each get cores/N intra-op threads."""
+        if self.root_device.type != "cpu" or "OMP_NUM_THREADS" in os.environ or self.num_processes <= 1:
+            return
+        torch.set_num_threads(threads_per_process(self.num_processes))
+
+    def teardown(self) -> None:
+        """Destroy the process group, undo what the launcher exported, then release the rest."""
+        self.destroy_process_group()
+        if self.launcher is not None:
+            self.launcher.teardown()
+        if self.cluster_environment is not None:
+            self.cluster_environment.teardown()
+        super().teardown()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(devices={self.num_processes}, num_nodes={self.num_nodes})"

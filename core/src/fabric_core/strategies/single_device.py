@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor
 from torch.nn import Module
 
-from fabric_core.strategies.base import BackwardSyncControl, Strategy, check_reduce_op
+from fabric_core.strategies.base import BackwardSyncControl, Strategy
+from fabric_core.strategies.collectives import OneProcessCollectives
 
 if TYPE_CHECKING:
     from fabric_core.accelerators.base import Accelerator
@@ -24,30 +24,6 @@ class _NothingToSync(BackwardSyncControl):
 
     def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager:
         return nullcontext()
-
-
-class OneProcessCollectives:
-    """The collectives of a strategy that runs one process (one device, or one SPMD program over several): every
-    one is an identity. Put it before the strategy base class; override :meth:`validate_reduce_op` to accept
-    fewer reductions."""
-
-    def validate_reduce_op(self, reduce_op: str | Any) -> str | Any:
-        return check_reduce_op(reduce_op)
-
-    def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
-        return tensor
-
-    def all_reduce(self, tensor: Tensor, group: Any | None = None, reduce_op: str | Any = "mean") -> Tensor:
-        self.validate_reduce_op(reduce_op)
-        return tensor
-
-    def barrier(self, name: str | None = None) -> None:
-        pass
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        if src != 0:
-            raise ValueError(f"`broadcast(src={src!r})`: there is one process, rank 0; `src` must be 0.")
-        return obj
 
 
 class SingleDeviceStrategy(OneProcessCollectives, Strategy):

@@ -12,11 +12,11 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import Tensor
 from torch.nn import DataParallel, Module
 from torch.nn.parallel import DistributedDataParallel
 
 from fabric_core.strategies.base import BackwardSyncControl, Strategy
+from fabric_core.strategies.collectives import OneProcessCollectives
 from fabric_core.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
 from fabric_core.utilities import rank_zero
 
@@ -116,11 +116,11 @@ class DDPStrategy(ParallelStrategy):
         return f"DDPStrategy(devices={self.num_processes}, num_nodes={self.num_nodes}, start_method={self.start_method!r})"
 
 
-class DataParallelStrategy(Strategy):
+class DataParallelStrategy(OneProcessCollectives, Strategy):
     """One process drives several GPUs with ``torch.nn.DataParallel`` (splits each batch, gathers outputs).
 
     Kept for compatibility; DDP is faster. There is nothing to launch and no process group; the collectives
-    are identities because there is only one process. On the CPU there are no devices to split over, so
+    are the core's one-process ones (identities). On the CPU there are no devices to split over, so
     ``strategy="dp"`` becomes ``ddp`` with a warning (this plugin's ``fabric_adjust_strategy`` hook).
     """
 
@@ -156,18 +156,6 @@ class DataParallelStrategy(Strategy):
 
     def unwrap_module(self, module: Module) -> Module:
         return module.module if isinstance(module, DataParallel) else module
-
-    def all_reduce(self, tensor: Tensor, group: Any | None = None, reduce_op: str | Any = "mean") -> Tensor:
-        return tensor
-
-    def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
-        return tensor
-
-    def barrier(self, name: str | None = None) -> None:
-        pass
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        return obj
 
     def __repr__(self) -> str:
         return f"DataParallelStrategy(devices={self.parallel_devices})"

@@ -1,22 +1,19 @@
-"""fabric-deepspeed's hook implementations: names, the DeepSpeed precision, and reading DeepSpeed checkpoints.
+"""fabric-deepspeed's hook implementations: names, and reading DeepSpeed checkpoints.
 
 Importing this module is cheap: targets are import strings, and neither torch nor deepspeed is imported here. The
-precision hook answers only when a DeepSpeed strategy exists (its module is then imported already); the reader
-hook recognises a directory from its file names before importing anything.
+reader hook recognises a directory from its file names before importing anything. The DeepSpeed precision is the
+strategy's own answer (``DeepSpeedStrategy.precision_for``).
 """
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING, Any
 
 from fabric_core.plugins import hookimpl
 
 if TYPE_CHECKING:
     from fabric_core.io.location import CheckpointLocation
-    from fabric_core.accelerators.base import Accelerator
-    from fabric_core.plugins import Registrar, Registry
-    from fabric_core.strategies.base import Strategy
+    from fabric_core.plugins import Registrar
 
 _STRATEGY = "fabric_deepspeed.strategy:DeepSpeedStrategy"
 _OFFLOAD_BOTH = {"offload_optimizer": True, "offload_parameters": True}
@@ -66,22 +63,6 @@ def fabric_register_strategies(registrar: Registrar) -> None:
         offload_optimizer_device="nvme",
         **_OFFLOAD_BOTH,
     )
-
-
-@hookimpl(tryfirst=True)
-def fabric_select_precision(registry: Registry, precision: str, strategy: Strategy, accelerator: Accelerator) -> Any:
-    """DeepSpeed strategies get a ``DeepSpeedPrecision`` (the engine's own casting); other names are refused."""
-    module = sys.modules.get("fabric_deepspeed.strategy")  # not imported means no DeepSpeed strategy can exist
-    if module is None or not isinstance(strategy, module.DeepSpeedStrategy):
-        return None
-    from fabric_deepspeed.precision import DeepSpeedPrecision
-
-    if accelerator.device_type == "cpu" and precision in ("16-mixed", "16-true"):
-        raise ValueError(
-            f"`precision={precision!r}` is not supported by DeepSpeed on the CPU (its fp16 needs a GPU). Use"
-            " `precision='bf16-mixed'` (or 'bf16-true') on the CPU."
-        )
-    return DeepSpeedPrecision(precision)  # ValueError with the supported names for anything else
 
 
 @hookimpl

@@ -202,6 +202,15 @@ class DeepSpeedStrategy(ParallelStrategy):
     def check_precision(self, precision: Precision | None) -> None:
         _check_precision(precision)
 
+    def precision_for(self, precision: str, accelerator: Accelerator) -> Precision | None:
+        """A ``DeepSpeedPrecision`` (the engine's own casting); names DeepSpeed cannot run are a ``ValueError``."""
+        if accelerator.device_type == "cpu" and precision in ("16-mixed", "16-true"):
+            raise ValueError(
+                f"`precision={precision!r}` is not supported by DeepSpeed on the CPU (its fp16 needs a GPU). Use"
+                " `precision='bf16-mixed'` (or 'bf16-true') on the CPU."
+            )
+        return DeepSpeedPrecision(precision)  # ValueError with the supported names for anything else
+
     def check_checkpoint_io(self, io: CheckpointIO | None) -> None:
         _check_checkpoint_io(io)
 
@@ -251,11 +260,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         env = self.cluster_environment
         if env is None:
             return
-        os.environ["MASTER_ADDR"] = env.main_address
-        os.environ["MASTER_PORT"] = str(env.main_port)
-        os.environ["RANK"] = str(self.global_rank)
-        os.environ["WORLD_SIZE"] = str(self.world_size)
-        os.environ["LOCAL_RANK"] = str(self.local_rank)
+        self.topology.export(env.main_address, env.main_port, ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"))
 
     def _check_nvme(self, deepspeed: ModuleType) -> None:
         """NVMe offload needs DeepSpeed's ``async_io`` op; say what is missing before DeepSpeed spends a minute."""

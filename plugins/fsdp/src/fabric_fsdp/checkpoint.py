@@ -37,7 +37,14 @@ from fabric_core.io.errors import CheckpointPathError
 from fabric_core.io.format import CheckpointFormat, FormatContext
 from fabric_core.io.location import CheckpointLocation
 from fabric_core.io.state import Filter, check_missing, restore_state, state_to_save
-from fabric_fsdp.layout import DCP_METADATA, FORMAT_KEY, FORMAT_VERSION, META_FILE, is_sharded_checkpoint, sharded_location
+from fabric_fsdp.layout import (
+    DCP_METADATA,
+    FORMAT_KEY,
+    FORMAT_VERSION,
+    META_FILE,
+    is_sharded_checkpoint,
+    sharded_location,
+)
 from fabric_fsdp.sharding import grads_hidden, is_fsdp
 
 __all__ = [
@@ -62,7 +69,9 @@ OwnerLookup = Callable[[Optimizer], Module]
 def _reader(location: CheckpointLocation) -> Any:
     """DCP's reader for a local folder or a URL (fsspec)."""
     if location.is_url:
-        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader  # not re-exported by torch 2.13
+        from torch.distributed.checkpoint._fsspec_filesystem import (
+            FsspecReader,  # not re-exported by torch 2.13
+        )
 
         return FsspecReader(location.url)
     from torch.distributed.checkpoint import FileSystemReader
@@ -72,7 +81,9 @@ def _reader(location: CheckpointLocation) -> Any:
 
 def _writer(location: CheckpointLocation) -> Any:
     if location.is_url:
-        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter  # not re-exported by torch 2.13
+        from torch.distributed.checkpoint._fsspec_filesystem import (
+            FsspecWriter,  # not re-exported by torch 2.13
+        )
 
         return FsspecWriter(location.url)
     from torch.distributed.checkpoint import FileSystemWriter

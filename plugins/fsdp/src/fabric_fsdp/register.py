@@ -1,21 +1,18 @@
-"""fabric-fsdp's hook implementations: names, the FSDP precision, and reading sharded checkpoints.
+"""fabric-fsdp's hook implementations: names, and reading sharded checkpoints.
 
 Importing this module is cheap: targets are import strings, and ``torch.distributed`` is only imported when a
-hook actually has to answer for FSDP (an FSDP strategy exists, or a path is an FSDP checkpoint).
+path is an FSDP checkpoint. The FSDP precision is the strategy's own answer (``FSDPStrategy.precision_for``).
 """
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING, Any
 
 from fabric_core.plugins import hookimpl
 
 if TYPE_CHECKING:
     from fabric_core.io.location import CheckpointLocation
-    from fabric_core.accelerators.base import Accelerator
-    from fabric_core.plugins import Registrar, Registry
-    from fabric_core.strategies.base import Strategy
+    from fabric_core.plugins import Registrar
 
 _STRATEGY = "fabric_fsdp.strategy:FSDPStrategy"
 
@@ -41,19 +38,6 @@ def fabric_register_strategies(registrar: Registrar) -> None:
         description="FSDP sharded within each node and replicated across nodes (2D device mesh)",
         sharding_strategy="HYBRID_SHARD",
     )
-
-
-@hookimpl(tryfirst=True)
-def fabric_select_precision(registry: Registry, precision: str, strategy: Strategy, accelerator: Accelerator) -> Any:
-    """FSDP strategies get an ``FSDPPrecision`` (mixed precision as an FSDP policy, not autocast)."""
-    module = sys.modules.get("fabric_fsdp.strategy")  # not imported means no FSDP strategy can exist
-    if module is None or not isinstance(strategy, module.FSDPStrategy):
-        return None
-    from fabric_fsdp.precision import SUPPORTED, FSDPPrecision
-
-    if precision not in SUPPORTED:
-        return None  # e.g. 64-true: the core's precision casts the model and FSDP2 shards it as it is
-    return FSDPPrecision(precision)
 
 
 @hookimpl

@@ -2,7 +2,8 @@
 
 The strategy's ``setup_module`` is the recipe: :func:`apply_activation_checkpointing`, then :func:`shard`, then
 :func:`materialize` for a model built on the meta device. Optimizers created before sharding are pointed at
-the new parameters by :func:`rewire_optimizer`; gradients are clipped over every shard by :func:`clip_grad_norm`.
+the new parameters by the core (``fabric.setup``); gradients are clipped over every shard by the core's
+:func:`fabric_core.utilities.dtensor.clip_grad_norm`.
 """
 
 from __future__ import annotations
@@ -10,13 +11,11 @@ from __future__ import annotations
 import contextlib
 import inspect
 import warnings
-import weakref
 from collections.abc import Callable, Generator, Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
 from torch.nn import Module, Parameter
 from torch.optim import Optimizer
 
@@ -36,8 +35,6 @@ ModulePolicy = Any
 #: A policy made uniform: ``select(root, ignored_params)`` returns the submodules it picks, descendants before
 #: ancestors. The root may be among them; a module whose parameters are all ignored never is.
 Selector = Callable[[Module, "frozenset[Parameter]"], list[Module]]
-#: Parameters replaced by sharding: id(old parameter) -> (weak reference to it, the sharded parameter).
-Replacements = dict[int, tuple[weakref.ref, Parameter]]
 
 
 def as_policy(policy: ModulePolicy, name: str) -> Selector | None:
@@ -234,7 +231,7 @@ def shard(
     offload_policy: Any,
     reshard_after_forward: bool | int | None,
     ignored_params: frozenset[Parameter] = frozenset(),
-) -> tuple[list[Module], Replacements]:
+) -> list[Module]:
     """``fully_shard`` the units ``select`` picks (children first), then the root.
 
     ``mp_policy(root)`` gives each call its ``MixedPrecisionPolicy``. ``reshard_after_forward`` applies to the
@@ -242,11 +239,10 @@ def shard(
     backward starts with them and freeing them would add an all-gather to every step) unless resharding is off
     everywhere. ``ignored_params`` stay whole, unsharded tensors on every rank (FSDP2's ``ignored_params``), and
     modules holding only ignored parameters do not become units. Modules that are already sharded (the user
-    called ``fully_shard`` on them) are kept as they are. Returns the units and the parameters sharding replaced.
+    called ``fully_shard`` on them) are kept as they are. Returns the units.
     """
     from torch.distributed.fsdp import fully_shard
 
-    before = [(owner, name, p) for owner in module.modules() for name, p in owner._parameters.items() if p is not None]
     options: dict[str, Any] = {"mesh": mesh, "offload_policy": offload_policy}
     if ignored_params:
         options["ignored_params"] = set(ignored_params)
@@ -258,12 +254,7 @@ def shard(
             fully_shard(sub, mp_policy=mp_policy(False), reshard_after_forward=reshard_after_forward, **options)
     root_reshard = False if reshard_after_forward is False else None
     fully_shard(module, mp_policy=mp_policy(True), reshard_after_forward=root_reshard, **options)
-    replaced: Replacements = {}
-    for owner, name, old in before:
-        new = owner._parameters.get(name)
-        if new is not None and new is not old:
-            replaced[id(old)] = (weakref.ref(old), new)
-    return units, replaced
+    return units
 
 
 def _reset_function(module: Module) -> Callable[[], None] | None:
@@ -328,56 +319,15 @@ def materialize(module: Module, device: torch.device, mesh: DeviceMesh, seed: in
             dist.broadcast(tensor.data, src=0)
 
 
-def rewire_optimizer(optimizer: Optimizer, replaced: Replacements) -> None:
-    """Point ``optimizer`` at the sharded parameters that replaced the ones it was built over, in place."""
-    for group in optimizer.param_groups:
-        params = group["params"]
-        for i, p in enumerate(params):
-            entry = replaced.get(id(p))
-            if entry is not None and entry[0]() is p:
-                if p in optimizer.state and optimizer.state[p]:
-                    raise RuntimeError(
-                        "The optimizer already has state for the model's unsharded parameters (it has taken a"
-                        " step). Create the optimizer fresh, after `fabric.setup_module(model)`, and set it up"
-                        " with `fabric.setup_optimizers(optimizer)`."
-                    )
-                params[i] = entry[1]  # in place: optimizers such as LBFGS keep a reference to this list
+def check_optimizer(optimizer: Optimizer) -> None:
+    """Refuse an optimizer over none of the sharded parameters (the core already pointed it at those that replaced
+    the ones it was built over)."""
     if not any(is_dtensor(p) for group in optimizer.param_groups for p in group["params"]):
         raise ValueError(
             "The optimizer does not seem to reference any FSDP parameters. HINT: Make sure to create the optimizer"
             " after setting up the model: `model = fabric.setup_module(model)`, then build the optimizer from"
             " `model.parameters()` and call `fabric.setup_optimizers(optimizer)`."
         )
-
-
-def clip_grad_norm(params: list[Tensor], max_norm: float, norm_type: float, error_if_nonfinite: bool) -> Tensor:
-    """Clip by the norm over every shard on every rank (also when some gradients are plain tensors)."""
-    sharded = [p for p in params if is_dtensor(p.grad)]
-    if len(sharded) == len(params):
-        total = torch.nn.utils.clip_grad_norm_(
-            params, max_norm=max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite
-        )
-        return total.full_tensor() if is_dtensor(total) else total
-    plain = [p for p in params if not is_dtensor(p.grad)]
-    norms = []
-    for group in (sharded, plain):
-        if group:
-            norm = torch.nn.utils.get_total_norm([p.grad for p in group], norm_type=norm_type)
-            norms.append(norm.full_tensor() if is_dtensor(norm) else norm)
-    if not norms:
-        return torch.tensor(0.0)
-    stacked = torch.stack([n.float().cpu() for n in norms])
-    total = stacked.max() if norm_type == float("inf") else torch.linalg.vector_norm(stacked, norm_type)
-    if error_if_nonfinite and not torch.isfinite(total):
-        raise RuntimeError(
-            f"The total norm of order {norm_type} for gradients is non-finite, so it cannot be clipped. To disable"
-            " this error and scale the gradients by the non-finite norm anyway, set `error_if_nonfinite=False`."
-        )
-    coefficient = min(1.0, max_norm / (float(total) + 1e-6))
-    with torch.no_grad():
-        for p in params:
-            p.grad.mul_(coefficient)
-    return total
 
 
 @contextlib.contextmanager

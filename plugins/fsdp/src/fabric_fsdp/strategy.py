@@ -29,11 +29,12 @@ from fabric_core.io.state import Filter
 from fabric_core.precision.base import Precision
 from fabric_core.strategies.base import BackwardSyncControl
 from fabric_core.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
+from fabric_core.utilities.dtensor import clip_grad_norm
 from fabric_core.utilities.rank_zero import rank_zero_warn
 from fabric_fsdp import arguments, sharding
 from fabric_fsdp import checkpoint as fsdp_checkpoint
 from fabric_fsdp.precision import FSDPPrecision
-from fabric_fsdp.sharding import DEFAULT_WRAP_CLASSES, ModulePolicy, Replacements, is_fsdp
+from fabric_fsdp.sharding import DEFAULT_WRAP_CLASSES, ModulePolicy, is_fsdp
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -197,7 +198,6 @@ class FSDPStrategy(ParallelStrategy):
         self.sharding_strategy = sharding_strategy
         self._device_mesh_arg = device_mesh
         self._mesh: DeviceMesh | None = None
-        self._replaced: Replacements = {}
         self._models: weakref.WeakSet[Module] = weakref.WeakSet()
         self._dcp_stager: Any = None
         # model -> its FSDP units that can keep gathered parameters after a forward (see `optimizer_step`)
@@ -220,6 +220,13 @@ class FSDPStrategy(ParallelStrategy):
 
     def check_precision(self, precision: Precision | None) -> None:
         _check_precision(precision)
+
+    def precision_for(self, precision: str, accelerator: Accelerator) -> Precision | None:
+        """An ``FSDPPrecision`` (mixed precision as an FSDP policy, not autocast) for the names FSDP runs; ``None``
+        for the others (``64-true``: the core's precision casts the model and FSDP2 shards it as it is)."""
+        from fabric_fsdp.precision import SUPPORTED
+
+        return FSDPPrecision(precision) if precision in SUPPORTED else None
 
     @property
     def state_dict_type(self) -> str:
@@ -248,6 +255,16 @@ class FSDPStrategy(ParallelStrategy):
     @property
     def backward_sync_control(self) -> BackwardSyncControl:
         return self._backward_sync_control
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """Every rank holds a data-parallel shard (or replica, across the nodes of a hybrid mesh) of the model: its
+        own batches."""
+        return self.global_rank
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.world_size
 
     @property
     def mesh_shape(self) -> tuple[int, ...]:
@@ -299,7 +316,6 @@ class FSDPStrategy(ParallelStrategy):
             self._dcp_stager.close()
             self._dcp_stager = None
         self._mesh = None
-        self._replaced.clear()
         super().teardown()
 
     def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager:
@@ -354,10 +370,9 @@ class FSDPStrategy(ParallelStrategy):
         ignored = self._fsdp1.resolve_ignored()
         # By name: materialising a meta model replaces the parameter objects.
         ignored_names = [name for name, p in module.named_parameters() if p in ignored]
-        units, replaced = sharding.shard(
+        units = sharding.shard(
             module, self.device_mesh, self._wrap_policy, self._mp_policy, offload, self.reshard_after_forward, ignored
         )
-        self._replaced.update(replaced)
         # Units that reshard after forward never keep gathered parameters beyond a forward; the others may.
         resharding = self.reshard_after_forward is True or self.reshard_after_forward is None
         self._may_stay_gathered[module] = [weakref.ref(m) for m in [module, *([] if resharding else units)]]
@@ -375,8 +390,9 @@ class FSDPStrategy(ParallelStrategy):
         return module
 
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
-        """Point the optimizer at the sharded parameters (it may have been created before ``setup_module``)."""
-        sharding.rewire_optimizer(optimizer, self._replaced)
+        """The optimizer as it is, once it holds sharded parameters (the core points an optimizer created before
+        ``setup_module`` at them)."""
+        sharding.check_optimizer(optimizer)
         return optimizer
 
     def owner(self, optimizer: Optimizer) -> Module:
@@ -424,7 +440,7 @@ class FSDPStrategy(ParallelStrategy):
             )
         self.precision.unscale_gradients(optimizer)
         params = [p for p in self.precision.main_params(optimizer) if p.grad is not None]
-        return sharding.clip_grad_norm(params, float(max_norm), float(norm_type), error_if_nonfinite)
+        return clip_grad_norm(params, float(max_norm), float(norm_type), error_if_nonfinite)
 
     # ---------------------------------------------------------------------------------------- checkpoints
     def checkpoint_context(self) -> FormatContext:

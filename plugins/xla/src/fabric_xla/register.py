@@ -1,14 +1,12 @@
 """fabric-xla's hook implementations: names (as import strings), and the XLA family's decisions.
 
 Importing this module is cheap and never imports torch_xla (every ``Fabric()`` imports it): availability comes from
-:mod:`fabric_xla.detect` (files and environment variables), and the strategy classes are looked up in
-``sys.modules`` (an XLA strategy object can only exist once its module was imported).
+:mod:`fabric_xla.detect` (files and environment variables). The XLA strategies choose their precision themselves
+(``precision_for``), so no hook here needs to recognise them.
 """
 
 from __future__ import annotations
 
-import sys
-import warnings
 from typing import TYPE_CHECKING, Any
 
 from fabric_core.plugins import hookimpl
@@ -102,21 +100,8 @@ def fabric_adjust_strategy(
 
 @hookimpl(tryfirst=True)
 def fabric_select_precision(registry: Registry, precision: str, strategy: Strategy, accelerator: Accelerator) -> Any:
-    """XLA strategies get an ``XLAPrecision``; a strategy object of another family on XLA devices is refused."""
-    module = sys.modules.get("fabric_xla.strategy")
-    classes = (module.SingleDeviceXLAStrategy, module.XLAStrategy, module.XLAFSDPStrategy) if module else ()
-    if not isinstance(strategy, classes):
-        if accelerator.device_type == "xla":
-            raise ValueError(f"{XLA_STRATEGIES_ONLY} Got a `{type(strategy).__name__}`.")
-        return None
-    from fabric_xla.precision import LEGACY, XLAPrecision
-
-    if precision in LEGACY and LEGACY[precision] != precision:
-        if precision != "32":
-            warnings.warn(
-                f"`precision={precision!r}` is a legacy spelling; use `precision={LEGACY[precision]!r}`.",
-                UserWarning,
-                stacklevel=2,
-            )
-        precision = LEGACY[precision]
-    return XLAPrecision(precision)  # a ValueError for what XLA cannot run: it is about our own strategy
+    """A strategy of another family on XLA devices is refused. (The XLA strategies answer with their own
+    ``XLAPrecision`` before this hook is asked: ``precision_for``.)"""
+    if accelerator.device_type == "xla":
+        raise ValueError(f"{XLA_STRATEGIES_ONLY} Got a `{type(strategy).__name__}`.")
+    return None

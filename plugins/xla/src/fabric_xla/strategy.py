@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import warnings
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +32,9 @@ from torch.optim import Optimizer
 
 from fabric_core.io.format import FormatContext
 from fabric_core.strategies.base import BackwardSyncControl, Strategy, check_reduce_op
-from fabric_core.strategies.single_device import OneProcessCollectives, SingleDeviceStrategy
+from fabric_core.strategies.collectives import Collectives, OneProcessCollectives, check_broadcast_src
+from fabric_core.strategies.layout import ProcessPerDevice
+from fabric_core.strategies.single_device import SingleDeviceStrategy
 from fabric_xla import runtime
 from fabric_xla.environment import XLAEnvironment
 
@@ -117,6 +120,20 @@ class _XLAMixin:
     def backward_sync_control(self) -> BackwardSyncControl:
         return self._backward_sync_control
 
+    def precision_for(self, precision: str, accelerator: Accelerator) -> Precision:
+        """An ``XLAPrecision`` for every name (legacy spellings warn); a ``ValueError`` for what XLA cannot run."""
+        from fabric_xla.precision import LEGACY, XLAPrecision
+
+        if precision in LEGACY and LEGACY[precision] != precision:
+            if precision != "32":
+                warnings.warn(
+                    f"`precision={precision!r}` is a legacy spelling; use `precision={LEGACY[precision]!r}`.",
+                    UserWarning,
+                    stacklevel=2,
+                )
+            precision = LEGACY[precision]
+        return XLAPrecision(precision)
+
     # ---------------------------------------------------------------------------------------- setup
     def module_to_device(self, module: Module) -> None:
         runtime.move_module(module, self.root_device)  # type: ignore[attr-defined]
@@ -183,13 +200,70 @@ class SingleDeviceXLAStrategy(_XLAMixin, SingleDeviceStrategy):
         return self._device if self._device is not None else torch.device("xla", 0)
 
 
-class XLAStrategy(_XLAMixin, Strategy):
+class XLACollectives(Collectives):
+    """Collectives between XLA replicas, through torch_xla (``xm.all_reduce``, ``xm.all_gather``,
+    ``xm.rendezvous``); sums and means only. The boolean vote and the checks of ``src`` are the core's. One replica
+    (``world_size == 1``) needs no communication."""
+
+    def validate_reduce_op(self, reduce_op: str | Any) -> str:
+        return check_xla_reduce_op(reduce_op)
+
+    def all_reduce(self, tensor: Tensor, group: Any | None = None, reduce_op: str | Any = "mean") -> Tensor:
+        """Sum or mean over the replicas (``"mean"`` of an integer tensor floor-divides, as on every strategy)."""
+        op = self.validate_reduce_op(reduce_op)
+        if self.world_size == 1:
+            return tensor
+        import torch_xla.core.xla_model as xm
+
+        tensor = tensor.to(self.root_device)
+        summed = xm.all_reduce(xm.REDUCE_SUM, tensor, groups=group)
+        if op != "mean":
+            return summed
+        if torch.is_floating_point(summed) or torch.is_complex(summed):
+            return summed / self.world_size
+        return torch.div(summed, self.world_size, rounding_mode="floor")
+
+    def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
+        """Every replica's tensor stacked into ``(world_size, *shape)`` (equal shapes; differentiable with
+        ``sync_grads``)."""
+        if self.world_size == 1:
+            return tensor
+        tensor = tensor.to(self.root_device).unsqueeze(0)
+        if sync_grads:
+            from torch_xla.core.functions import all_gather as differentiable_all_gather
+
+            return differentiable_all_gather(tensor, dim=0)
+        import torch_xla.core.xla_model as xm
+
+        return xm.all_gather(tensor, dim=0, groups=group, pin_layout=False)
+
+    def barrier(self, name: str | None = None) -> None:
+        """``xm.rendezvous``: every replica reaches the same named point."""
+        if self.world_size == 1:
+            return
+        import torch_xla.core.xla_model as xm
+
+        xm.rendezvous(name or "fabric_barrier")
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Send a picklable object from replica ``src`` to all (through ``xm.rendezvous``, which takes bytes)."""
+        check_broadcast_src(src, self.world_size)
+        if self.world_size == 1:
+            return obj
+        import torch_xla.core.xla_model as xm
+
+        payload = pickle.dumps(obj) if self.global_rank == src else b""  # type: ignore[attr-defined]
+        return pickle.loads(xm.rendezvous("fabric_broadcast", payload)[src])
+
+
+class XLAStrategy(_XLAMixin, XLACollectives, ProcessPerDevice):
     """Data parallel over XLA replicas: one per device, started by ``fabric.launch(fn)`` through torch_xla.
 
     Every replica holds the whole model; the data is split by a ``DistributedSampler``
     (``num_replicas=world_size``); ``optimizer.step()`` all-reduces the gradients (mean) over the replicas first.
-    Before ``launch`` nothing touches the XLA runtime (torch_xla refuses to start replicas after that), so until
-    then the ranks are 0 and the world size is the number of devices.
+    Before ``launch`` nothing touches the XLA runtime (torch_xla refuses to start replicas after that): the replicas'
+    environment (:class:`~fabric_xla.environment.XLAEnvironment`, ranks from the runtime) is created in each
+    replica, so until then this process is rank 0 of a world of one process per device.
 
     Args:
         sync_module_states: broadcast rank 0's parameters to every replica in ``setup`` (default ``True``).
@@ -215,19 +289,11 @@ class XLAStrategy(_XLAMixin, Strategy):
         self._reduced: set[int] = set()
 
     def attach(self, *, accelerator: Accelerator, devices: list[torch.device], **kwargs: Any) -> None:
-        super().attach(accelerator=accelerator, devices=devices, **kwargs)
+        # The replicas' ranks are the runtime's; a detected torchrun/SLURM environment does not describe them.
+        super().attach(accelerator=accelerator, devices=devices, **{**kwargs, "cluster_environment": None})
         check_xla_accelerator(self, accelerator)
-        if self.parallel_devices is None:
-            self.parallel_devices = list(devices)
-        if self.cluster_environment is None:
-            # The replicas' ranks are the runtime's; a detected torchrun/SLURM environment does not describe them.
-            self.cluster_environment = XLAEnvironment()
 
     # ---------------------------------------------------------------------------------------- topology
-    @property
-    def num_processes(self) -> int:
-        return len(self.parallel_devices) if self.parallel_devices else 0
-
     @property
     def _launched(self) -> bool:
         return self._device is not None
@@ -238,32 +304,12 @@ class XLAStrategy(_XLAMixin, Strategy):
             return self._device
         return self.parallel_devices[0] if self.parallel_devices else torch.device("xla", 0)
 
-    @property
-    def global_rank(self) -> int:
-        return self.cluster_environment.global_rank() if self._launched and self.cluster_environment else 0
-
-    @property
-    def local_rank(self) -> int:
-        return self.cluster_environment.local_rank() if self._launched and self.cluster_environment else 0
-
-    @property
-    def node_rank(self) -> int:
-        return self.cluster_environment.node_rank() if self._launched and self.cluster_environment else 0
-
-    @property
-    def world_size(self) -> int:
-        if self._launched and self.cluster_environment:
-            return self.cluster_environment.world_size()
-        return max(self.num_processes, 1) * self.num_nodes
-
-    @property
-    def distributed_sampler_kwargs(self) -> dict[str, Any]:
-        return {"num_replicas": self.world_size, "rank": self.global_rank}
-
     # ---------------------------------------------------------------------------------------- lifecycle
     def setup_environment(self) -> None:
         """In each replica: start the runtime; this replica's device and ranks come from it."""
         self._device = runtime.initialize(spmd=False)
+        if self.cluster_environment is None:
+            self.cluster_environment = XLAEnvironment()
         super().setup_environment()
 
     def setup_module(self, module: Module) -> Module:
@@ -300,60 +346,6 @@ class XLAStrategy(_XLAMixin, Strategy):
     def clip_gradients_value(self, module: Module, optimizer: Optimizer, clip_val: float | int) -> None:
         self._reduce_gradients(optimizer)
         super().clip_gradients_value(module, optimizer, clip_val)
-
-    # ---------------------------------------------------------------------------------------- collectives
-    def all_reduce(self, tensor: Tensor, group: Any | None = None, reduce_op: str | Any = "mean") -> Tensor:
-        """Sum or mean over the replicas (``"mean"`` of an integer tensor floor-divides, as on every strategy)."""
-        op = check_xla_reduce_op(reduce_op)
-        if self.world_size == 1:
-            return tensor
-        import torch_xla.core.xla_model as xm
-
-        tensor = tensor.to(self.root_device)
-        summed = xm.all_reduce(xm.REDUCE_SUM, tensor, groups=group)
-        if op != "mean":
-            return summed
-        if torch.is_floating_point(summed) or torch.is_complex(summed):
-            return summed / self.world_size
-        return torch.div(summed, self.world_size, rounding_mode="floor")
-
-    def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
-        """Every replica's tensor stacked into ``(world_size, *shape)`` (equal shapes; differentiable with
-        ``sync_grads``)."""
-        if self.world_size == 1:
-            return tensor
-        tensor = tensor.to(self.root_device).unsqueeze(0)
-        if sync_grads:
-            from torch_xla.core.functions import all_gather as differentiable_all_gather
-
-            return differentiable_all_gather(tensor, dim=0)
-        import torch_xla.core.xla_model as xm
-
-        return xm.all_gather(tensor, dim=0, groups=group, pin_layout=False)
-
-    def barrier(self, name: str | None = None) -> None:
-        if self.world_size == 1:
-            return
-        import torch_xla.core.xla_model as xm
-
-        xm.rendezvous(name or "fabric_barrier")
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        """Send a picklable object from replica ``src`` to all (through ``xm.rendezvous``, which takes bytes)."""
-        if not isinstance(src, int) or isinstance(src, bool) or not 0 <= src < self.world_size:
-            raise ValueError(f"`broadcast(src={src!r})`: `src` must be a rank between 0 and {self.world_size - 1}.")
-        if self.world_size == 1:
-            return obj
-        import torch_xla.core.xla_model as xm
-
-        payload = pickle.dumps(obj) if self.global_rank == src else b""
-        return pickle.loads(xm.rendezvous("fabric_broadcast", payload)[src])
-
-    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
-        if self.world_size == 1:
-            return decision
-        votes = int(self.all_reduce(torch.tensor(int(decision), device=self.root_device), reduce_op="sum").item())
-        return votes == self.world_size if all else votes > 0
 
     def teardown(self) -> None:
         if self.launcher is not None:
