@@ -422,7 +422,8 @@ class Fabric:
         name = type(self._strategy).__name__
         for index, optimizer in enumerate(optimizers):
             rewire_optimizer(optimizer, replaced)
-            check_optimizer_updates(optimizer, index, module, name, method)
+            if not self._strategy.requires_joint_setup:  # an engine that owns the optimizer may repoint it itself
+                check_optimizer_updates(optimizer, index, module, name, method)
         if self._strategy.world_size > 1 and not declares_data_parallel(self._strategy) and has_dtensor_parameters(module):
             raise ValueError(
                 f"`{name}` set the model up with sharded (DTensor) parameters but does not say which of its"

@@ -191,24 +191,21 @@ def test_strategy_options_and_plugins_are_validated() -> None:
     strategy.checkpoint_io = TorchCheckpointIO()  # the default kind is fine
 
 
-def test_precision_hook_answers_for_deepspeed_strategies_only() -> None:
+def test_the_deepspeed_strategy_chooses_its_own_precision() -> None:
     from fabric_core.accelerators.cpu import CPUAccelerator
     from fabric_core.plugins import get_registry
-    from fabric_core.strategies.single_device import SingleDeviceStrategy
     from fabric_deepspeed import DeepSpeedPrecision
 
     registry = get_registry()
-    hook = registry.decisions.select_precision
     cpu = CPUAccelerator()
     ds = registry.create("strategy", "deepspeed_stage_2")
     for name in ("32-true", "bf16-true", "bf16-mixed"):
-        chosen = hook(name, ds, cpu)
+        chosen = ds.precision_for(name, cpu)
         assert isinstance(chosen, DeepSpeedPrecision) and chosen.precision == name
-    assert not isinstance(hook("32-true", SingleDeviceStrategy(torch.device("cpu")), cpu), DeepSpeedPrecision)
     with pytest.raises(ValueError, match=r"`precision='64-true'\)` is not supported in DeepSpeed. `precision` must be one of"):
-        hook("64-true", ds, cpu)
+        ds.precision_for("64-true", cpu)
     with pytest.raises(ValueError, match="fp16 needs a GPU"):
-        hook("16-mixed", ds, cpu)
+        ds.precision_for("16-mixed", cpu)
     # No fabric-amp needed for the mixed names: the DeepSpeed strategy serves them.
     assert Fabric(accelerator="cpu", strategy="deepspeed", devices=2, precision="bf16-mixed").strategy.precision.precision == "bf16-mixed"
 
