@@ -62,3 +62,34 @@ def test_every_fabric_variable_read_in_code_is_documented_and_the_reverse():
     in_code = _fabric_variables_in_code()
     assert in_code - documented == set(), "document these in docs/environment-variables.md"
     assert documented - in_code == set(), "documented but never read"
+
+
+def _overridable_base_classes() -> list[type]:
+    from fabric_core.accelerators.base import Accelerator
+    from fabric_core.environments.base import ClusterEnvironment
+    from fabric_core.launchers.base import Launcher
+    from fabric_core.precision.base import Precision
+    from fabric_core.strategies import (
+        Collectives,
+        OneProcessCollectives,
+        ParallelStrategy,
+        ProcessGroupCollectives,
+        ProcessPerDevice,
+        Strategy,
+    )
+
+    return [Strategy, ProcessPerDevice, Collectives, OneProcessCollectives, ProcessGroupCollectives, ParallelStrategy,
+            Precision, Launcher, Accelerator, ClusterEnvironment]  # fmt: skip
+
+
+@pytest.mark.parametrize("cls", _overridable_base_classes(), ids=lambda c: c.__name__)
+def test_every_method_a_plugin_may_override_has_a_docstring(cls):
+    """``help()`` on any public method or property of a base class shows what it is for, not a section banner."""
+    missing = []
+    for name, obj in vars(cls).items():
+        if name.startswith("_"):
+            continue
+        function = obj.fget if isinstance(obj, property) else getattr(obj, "__func__", obj)
+        if callable(function) and len((function.__doc__ or "").split()) < 4:
+            missing.append(name)
+    assert not missing, f"{cls.__name__}: write a docstring (when it is called, with what, what it returns) for {missing}"

@@ -6,6 +6,7 @@ tensor-parallel strategy over DTensors): each result that used to be silently wr
 * the sampler shards data over the data-parallel ranks the strategy declares (tensor-parallel peers get the same
   batches), and a sharding strategy that declares none is refused at setup;
 * ``clip_gradients`` returns a plain tensor;
+* the default checkpoint (one file from rank 0) holds whole tensors and loads each rank's part back;
 * the launcher's messages name the strategy in use.
 """
 
@@ -44,6 +45,9 @@ def test_a_tensor_parallel_strategy_trains_right_with_the_core_defaults(tmp_path
     assert r["norm_types"] == ["Tensor"]  # a plain tensor, not a DTensor
     assert r["param_diff"] < 1e-5
     assert r["separate_rewired"]
+    # The default single-file checkpoint gathers DTensors whole and gives each rank its part back.
+    assert r["file_is_whole"] and r["loaded_shards_equal"] and r["load_remainder"] == {"step": 1}
+    assert r["resumed_bit_exact"]  # optimizer state came back too
     assert "`UndeclaredTensorParallelStrategy` set the model up with sharded (DTensor) parameters" in r["undeclared_error"]
     assert "data_parallel_size" in r["undeclared_error"]
 

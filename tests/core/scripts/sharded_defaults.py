@@ -83,6 +83,31 @@ def main() -> None:
     early = fabric.setup_optimizers(early)
     result["separate_rewired"] = [id(p) for g in early.param_groups for p in g["params"]] == [id(p) for p in second.parameters()]
 
+    # The default checkpoint (one file from rank 0) of DTensor state: whole tensors in the file, each rank's part back.
+    def step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        x = torch.randn(4, D_IN, generator=torch.Generator().manual_seed(5))
+        fabric.backward(model(x).square().mean())
+        optimizer.step()
+        optimizer.zero_grad()
+
+    step(second, early)
+    path = out_dir() / "default.ckpt"
+    fabric.save(path, {"model": second, "optimizer": early, "step": 1})
+    third = fabric.setup_module(make_model(2))
+    third_optimizer = fabric.setup_optimizers(torch.optim.AdamW(third.parameters(), lr=1e-3))
+    remainder = fabric.load(path, {"model": third, "optimizer": third_optimizer})
+    result["load_remainder"] = remainder
+    local = lambda m: {k: v.to_local() for k, v in m.state_dict().items()}  # noqa: E731
+    result["loaded_shards_equal"] = all(torch.equal(a, b) for a, b in zip(local(second).values(), local(third).values()))
+    file = torch.load(path, weights_only=True)
+    result["file_is_whole"] = all(not is_dtensor(v) for v in file["model"].values()) and all(
+        torch.equal(file["model"][k], v) for k, v in full(second).items()
+    )
+    step(second, early)
+    step(third, third_optimizer)
+    result["resumed_bit_exact"] = all(torch.equal(a, b) for a, b in zip(local(second).values(), local(third).values()))
+    mark("default checkpoint")
+
     # A sharding strategy that does not say which processes share data is refused at setup.
     undeclared = Fabric(accelerator="cpu", strategy=UndeclaredTensorParallelStrategy(), devices=2)
     undeclared.launch()

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from fabric_core.launchers.base import Launcher, start_method_hint
 from fabric_core.utilities import failures, hang
 from fabric_core.utilities.process_group import release_process_group
-from fabric_core.utilities.topology import Topology, threads_per_process
+from fabric_core.utilities.topology import Topology, export_variables, threads_per_process
 
 if TYPE_CHECKING:
     from fabric_core.environments.base import ClusterEnvironment
@@ -430,8 +430,8 @@ class SubprocessScriptLauncher(Launcher):
     def num_processes(self) -> int:
         return self.strategy.num_processes
 
-    def _export(self, topology: Topology, env: ClusterEnvironment, keys: Sequence[str]) -> None:
-        for key, value in topology.export(env.main_address, env.main_port, keys).items():
+    def _export(self, values: dict[str, str], keys: Sequence[str]) -> None:
+        for key, value in export_variables({key: values[key] for key in keys}).items():
             self._previous.setdefault(key, value)
 
     def teardown(self) -> None:
@@ -464,8 +464,8 @@ class SubprocessScriptLauncher(Launcher):
     def _start_children(self, env: ClusterEnvironment, command: Sequence[str] | None = None) -> None:
         command = list(command) if command is not None else script_command(self.strategy)
         # Fix the rendezvous in this process first, so rank 0 and the children agree on the (free) port.
-        rank_zero = self._topology(env, 0)
-        self._export(rank_zero, env, ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "WORLD_SIZE"))
+        rank_zero_env = self._topology(env, 0).environment(env.main_address, env.main_port)
+        self._export(rank_zero_env, ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "WORLD_SIZE"))
         preexec = _parent_death_signal()
         group_kwargs: dict[str, Any] = {}
         if os.name == "posix":
@@ -492,7 +492,7 @@ class SubprocessScriptLauncher(Launcher):
             raise
         # From now on this process is local rank 0 of a complete set of launcher variables: a later `launch()` must
         # not start more children, and a later Fabric in this process sees a consistent job.
-        self._export(rank_zero, env, ("LOCAL_RANK", "RANK"))
+        self._export(rank_zero_env, ("LOCAL_RANK", "RANK"))
         self.children = _ChildGroup(processes, ranks, error_dir)
         if processes:
             self.children.install()

@@ -36,7 +36,7 @@ FIRST_PARTY: dict[str, dict[str, tuple[str, ...]]] = {
             "dp",
         )
     },
-    "fabric-fsdp": {"strategy": ("fsdp", "fsdp_cpu_offload", "fsdp_hybrid", "fsdp_no_reshard", "fsdp_*")},
+    "fabric-fsdp": {"strategy": ("fsdp", "fsdp_cpu_offload", "fsdp_hybrid", "fsdp_no_reshard", "fsdp_*", "model_parallel")},
     "fabric-deepspeed": {
         "strategy": (
             "deepspeed",

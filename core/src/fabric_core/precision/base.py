@@ -31,15 +31,21 @@ class Precision:
 
     # ---------------------------------------------------------------------------------------- module and init
     def convert_module(self, module: Module) -> Module:
+        """Called by the facade in ``fabric.setup``/``setup_module`` with the plain module, before the strategy sees
+        it; returns the module to set up (cast in place for the true-precision types). Nothing here."""
         return module
 
     def tensor_init_context(self) -> AbstractContextManager:
+        """Entered by ``fabric.init_tensor()``: tensors made inside get this precision's dtype. Nothing here."""
         return nullcontext()
 
     def module_init_context(self) -> AbstractContextManager:
+        """Entered by ``fabric.init_module()``: parameters made inside get this precision's dtype. Nothing here."""
         return nullcontext()
 
     def forward_context(self) -> AbstractContextManager:
+        """Entered around every forward of a set-up module and by ``fabric.autocast()`` (autocast for mixed
+        precision). Nothing here."""
         return nullcontext()
 
     # ---------------------------------------------------------------------------------------- data in and out
@@ -47,29 +53,38 @@ class Precision:
     input_dtype: torch.dtype | None = None
 
     def convert_input(self, data: Any) -> Any:
+        """The forward's arguments (any collection), floating tensors cast to :attr:`input_dtype` when it is set."""
         if self.input_dtype is None:
             return data
         return _cast_floating(data, self.input_dtype)
 
     def convert_output(self, data: Any) -> Any:
+        """The forward's result, floating tensors cast back to torch's default dtype when inputs were cast."""
         if self.input_dtype is None:
             return data
         return _cast_floating(data, torch.get_default_dtype())
 
     # ---------------------------------------------------------------------------------------- backward / step
     def pre_backward(self, tensor: Tensor, module: Module | None) -> Tensor:
+        """``fabric.backward``, first: the loss to differentiate (scaled, under loss scaling); ``module`` is the
+        plain module or ``None``."""
         return tensor
 
     def backward(self, tensor: Tensor, model: Module | None, *args: Any, **kwargs: Any) -> None:
+        """``fabric.backward``: run the backward pass of ``tensor`` (what :meth:`pre_backward` returned)."""
         tensor.backward(*args, **kwargs)
 
     def post_backward(self, tensor: Tensor, module: Module | None) -> Tensor:
+        """``fabric.backward``, last; returns the tensor."""
         return tensor
 
     def optimizer_step(self, optimizer: Any, **kwargs: Any) -> Any:
+        """``optimizer.step()`` of the plain optimizer (skipped on inf/NaN gradients under loss scaling); returns the
+        step's result."""
         return optimizer.step(**kwargs)
 
     def main_params(self, optimizer: Optimizer) -> Any:
+        """The parameters whose gradients clipping acts on (the optimizer's, here)."""
         for group in optimizer.param_groups:
             yield from group["params"]
 
@@ -84,13 +99,14 @@ class Precision:
 
     # ---------------------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
+        """What checkpoints store for this precision beside the model (a loss scaler's state); nothing here."""
         return {}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        pass
+        """Restore what :meth:`state_dict` gave, when a checkpoint is loaded."""
 
     def teardown(self) -> None:
-        pass
+        """Release what the precision holds, from ``strategy.teardown()``."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.precision!r})"

@@ -136,6 +136,7 @@ class Strategy(ABC):
 
     @property
     def accelerator(self) -> Accelerator | None:
+        """The accelerator set on the strategy, or the one the resolver attached (``None`` before that)."""
         return self._accelerator
 
     @accelerator.setter
@@ -144,6 +145,8 @@ class Strategy(ABC):
 
     @property
     def precision(self) -> Precision:
+        """The precision in use: the one set (constructor, resolver, assignment) or :meth:`default_precision`.
+        Assigning one calls :meth:`check_precision` first."""
         if self.configured_precision is None:
             self.configured_precision = self.default_precision()
         return self.configured_precision
@@ -176,6 +179,8 @@ class Strategy(ABC):
 
     @property
     def checkpoint_io(self) -> CheckpointIO:
+        """What single-file checkpoints are written and read through: the one set, else ``TorchCheckpointIO``.
+        Assigning one calls :meth:`check_checkpoint_io` first."""
         if self.configured_checkpoint_io is None:
             from fabric_core.io.checkpoint_io import TorchCheckpointIO
 
@@ -194,6 +199,8 @@ class Strategy(ABC):
 
     @property
     def launcher(self) -> Launcher | None:
+        """The launcher that starts this strategy's processes (the ``fabric_select_launcher`` decision, made by the
+        resolver once the strategy is attached and has its precision), or ``None``: everything runs here."""
         return self._launcher
 
     @launcher.setter
@@ -229,10 +236,12 @@ class Strategy(ABC):
 
     @property
     def num_nodes(self) -> int:
+        """How many nodes (machines) the job runs on, as ``Fabric(num_nodes=...)`` says."""
         return self._num_nodes
 
     @property
     def is_global_zero(self) -> bool:
+        """Whether this is the process of global rank 0 (the one that writes single-file checkpoints)."""
         return self.global_rank == 0
 
     @property
@@ -288,12 +297,17 @@ class Strategy(ABC):
 
     # ---------------------------------------------------------------------------------------- init contexts
     def tensor_init_context(self) -> AbstractContextManager:
+        """``fabric.init_tensor()``: tensors created inside land on :attr:`root_device` with the precision's dtype."""
         stack = ExitStack()
         stack.enter_context(self.root_device)
         stack.enter_context(self.precision.tensor_init_context())
         return stack
 
     def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager:
+        """``fabric.init_module(empty_init=...)``: modules built inside are created on :attr:`root_device` in the
+        precision's dtype; with ``empty_init=True`` their parameters are not initialised (a checkpoint will fill
+        them). A sharding strategy returns a context that builds on the meta device and materialises each shard in
+        :meth:`setup_module` instead."""
         from fabric_core.utilities.init import SkipParameterInit
 
         stack = ExitStack()
@@ -325,19 +339,35 @@ class Strategy(ABC):
         return module, optimizers, scheduler
 
     def setup_module(self, module: Module) -> Module:
-        """Return the module the forward pass should go through (possibly wrapped, e.g. in DDP)."""
+        """``fabric.setup(model)`` / ``fabric.setup_module(model)``, on every rank: return the module the forward pass
+        goes through (the plain one, or wrapped, e.g. in DDP).
+
+        Receives the plain module, already converted by the precision and moved by :meth:`module_to_device` (left
+        on the meta device when built under ``init_module(empty_init=True)``). It may replace parameters in place
+        (sharding into DTensors): ``fabric.setup`` then points optimizers created before at the new ones. The
+        facade, not the strategy, calls ``precision.convert_module`` and wraps the result in a ``FabricModule``.
+        """
         return module
 
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        """``fabric.setup_optimizers(optimizer)``: return the optimizer to step (the plain one by default; its
+        parameters already point at what :meth:`setup_module` put in the model)."""
         return optimizer
 
     def module_to_device(self, module: Module) -> None:
+        """Move the plain module to :attr:`root_device` in place before :meth:`setup_module` (skipped for a model on
+        the meta device, and when ``fabric.setup(..., move_to_device=False)``). A sharding strategy that places each
+        shard itself makes this a no-op."""
         module.to(self.root_device)
 
     def batch_to_device(self, batch: Any, device: torch.device | None = None) -> Any:
+        """``fabric.to_device(batch)`` and every batch of a set-up dataloader: tensors in any collection moved to
+        ``device`` (default :attr:`root_device`)."""
         return move_data_to_device(batch, device or self.root_device)
 
     def process_dataloader(self, dataloader: Any) -> Any:
+        """``fabric.setup_dataloaders``: the loader (after its sampler was replaced) to iterate; a strategy that
+        feeds its devices itself wraps it (fabric-xla's device loader). The loader itself by default."""
         return dataloader
 
     def unwrap_module(self, module: Module) -> Module:
@@ -346,11 +376,17 @@ class Strategy(ABC):
 
     # ---------------------------------------------------------------------------------------- training step
     def backward(self, tensor: Tensor, module: Module | None, *args: Any, **kwargs: Any) -> None:
+        """``fabric.backward(loss, model=...)``: ``module`` is the plain module (``None`` when not given). By default
+        the precision's ``pre_backward`` (loss scaling), ``backward`` and ``post_backward``. An engine that owns the
+        backward pass (DeepSpeed) overrides it; overriding it makes ``loss.backward()`` outside Fabric an error."""
         tensor = self.precision.pre_backward(tensor, module)
         self.precision.backward(tensor, module, *args, **kwargs)
         self.precision.post_backward(tensor, module)
 
     def optimizer_step(self, optimizer: Any, **kwargs: Any) -> Any:
+        """``optimizer.step()`` on a set-up optimizer: ``optimizer`` is the plain optimizer (or what
+        :attr:`optimizer_step_target` returned for it); returns the step's result. By default the precision steps it
+        (skipping the step on inf/NaN under loss scaling)."""
         return self.precision.optimizer_step(optimizer, **kwargs)
 
     def clip_gradients_norm(
@@ -375,6 +411,8 @@ class Strategy(ABC):
         return clip_grad_norm(parameters, float(max_norm), float(norm_type), error_if_nonfinite)
 
     def clip_gradients_value(self, module: Module, optimizer: Optimizer, clip_val: float | int) -> None:
+        """``fabric.clip_gradients(model, optimizer, clip_val=...)`` with the plain module and optimizer: unscale, then
+        clamp every gradient element to ``[-clip_val, clip_val]`` (elementwise, so shards need no communication)."""
         self.precision.unscale_gradients(optimizer)
         torch.nn.utils.clip_grad_value_(list(self.precision.main_params(optimizer)), clip_value=clip_val)
 
@@ -410,20 +448,49 @@ class Strategy(ABC):
         self.barrier(name)
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        """Whether every process (``all=True``) or any process decided ``True``; call it on every rank. The
+        collectives classes implement it (:class:`~fabric_core.strategies.collectives.Collectives`)."""
         return decision
 
     # ---------------------------------------------------------------------------------------- checkpoints
     def get_module_state_dict(self, module: Module) -> dict[str, Any]:
-        return self.unwrap_module(module).state_dict()
+        """The state a checkpoint stores for ``module`` (what ``fabric.setup`` returned, wrapped or not: the default
+        unwraps it with :meth:`unwrap_module`). Called on every rank when saving.
+
+        By default the plain module's ``state_dict()`` with DTensors (parameters a strategy sharded) gathered whole,
+        so the single-file checkpoint rank 0 writes holds the full model and loads anywhere. A strategy with a
+        sharded format of its own overrides :meth:`checkpoint_format` instead.
+        """
+        from fabric_core.utilities.dtensor import full_state
+
+        return full_state(self.unwrap_module(module).state_dict())
 
     def load_module_state_dict(self, module: Module, state_dict: dict[str, Any], strict: bool = True) -> None:
-        self.unwrap_module(module).load_state_dict(state_dict, strict=strict)
+        """Load a full state dict (as :meth:`get_module_state_dict` gives it) into ``module`` in place, on every rank.
+
+        By default into the plain module (:meth:`unwrap_module`); entries whose parameter or buffer is a DTensor are
+        laid out like it first, so each rank keeps its own part of the whole tensor.
+        """
+        from fabric_core.utilities.dtensor import shard_module_state
+
+        plain = self.unwrap_module(module)
+        plain.load_state_dict(shard_module_state(plain, state_dict), strict=strict)
 
     def get_optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
-        return optimizer.state_dict()
+        """The state a checkpoint stores for ``optimizer`` (the user's optimizer, unwrapped); every rank calls it.
+
+        By default ``optimizer.state_dict()`` with the states of DTensor parameters gathered whole.
+        """
+        from fabric_core.utilities.dtensor import full_state
+
+        return full_state(optimizer.state_dict())
 
     def load_optimizer_state(self, optimizer: Optimizer, state: dict[str, Any]) -> None:
-        optimizer.load_state_dict(state)
+        """Load a full optimizer state (as :meth:`get_optimizer_state` gives it) into ``optimizer``, on every rank;
+        the states of DTensor parameters are laid out like their parameter."""
+        from fabric_core.utilities.dtensor import shard_optimizer_state
+
+        optimizer.load_state_dict(shard_optimizer_state(optimizer, state))
 
     def checkpoint_context(self) -> FormatContext:
         """What a checkpoint format receives from this strategy (:class:`~fabric_core.io.format.FormatContext`):

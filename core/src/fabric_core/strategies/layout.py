@@ -60,21 +60,25 @@ class ProcessPerDevice(Strategy):
 
     @property
     def global_rank(self) -> int:
+        """The environment's rank for this process (0 before there is one)."""
         env = self.cluster_environment
         return env.global_rank() if env is not None else 0
 
     @property
     def local_rank(self) -> int:
+        """The environment's rank of this process on its node (it picks the device)."""
         env = self.cluster_environment
         return env.local_rank() if env is not None else 0
 
     @property
     def node_rank(self) -> int:
+        """The environment's index of this node."""
         env = self.cluster_environment
         return env.node_rank() if env is not None else 0
 
     @property
     def world_size(self) -> int:
+        """The environment's world size; without an environment, what ``devices`` x ``num_nodes`` configure."""
         env = self.cluster_environment
         return env.world_size() if env is not None else self.configured_topology.world_size
 

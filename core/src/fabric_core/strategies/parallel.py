@@ -97,6 +97,7 @@ class ProcessGroupCollectives(Collectives):
 
     # ---------------------------------------------------------------------------------------- lifecycle
     def get_process_group_backend(self) -> str:
+        """The backend the process group is created with: the one given, else nccl on CUDA and gloo otherwise."""
         if self.process_group_backend:
             return self.process_group_backend
         if self.root_device.type == "cuda":
@@ -104,6 +105,9 @@ class ProcessGroupCollectives(Collectives):
         return "gloo"
 
     def init_process_group(self) -> None:
+        """Create the default process group (once per process; a group that exists is used as it is), with the
+        rendezvous variables exported from the cluster environment and the collective timeout. Called by
+        ``setup_environment`` in every process."""
         dist = _dist()
         if not dist.is_available():
             raise RuntimeError("torch.distributed is not available in this build of PyTorch.")

@@ -13,16 +13,18 @@ from fabric_core.utilities.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from fabric_fsdp.checkpoint import load_sharded_checkpoint
+    from fabric_fsdp.model_parallel import ModelParallelStrategy
     from fabric_fsdp.precision import FSDPPrecision
     from fabric_fsdp.strategy import FSDPStrategy
 
-__all__ = ["FSDPPrecision", "FSDPStrategy", "load_sharded_checkpoint"]
+__all__ = ["FSDPPrecision", "FSDPStrategy", "ModelParallelStrategy", "load_sharded_checkpoint"]
 
 __getattr__, __dir__ = lazy_exports(
     __name__,
     "fabric-fsdp",
     {
         "FSDPStrategy": "fabric_fsdp.strategy",
+        "ModelParallelStrategy": "fabric_fsdp.model_parallel",
         "FSDPPrecision": "fabric_fsdp.precision",
         "load_sharded_checkpoint": "fabric_fsdp.checkpoint",
     },

@@ -45,7 +45,7 @@ from fabric_fsdp.layout import (
     is_sharded_checkpoint,
     sharded_location,
 )
-from fabric_fsdp.sharding import grads_hidden, is_fsdp
+from fabric_fsdp.sharding import grads_hidden, is_sharded
 
 __all__ = [
     "CheckpointPathError",
@@ -147,7 +147,7 @@ def optimizer_state_by_name(state: dict[str, Any], optimizer: torch.optim.Optimi
 # ---------------------------------------------------------------------------------------------------- full adapters
 def full_module_state(module: Module) -> dict[str, Any]:
     """A module's full state dict on the CPU (gathered from every rank for an FSDP module; every rank calls it)."""
-    if not is_fsdp(module):
+    if not is_sharded(module):
         return module.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -162,7 +162,7 @@ def load_full_module_state(module: Module, state_dict: dict[str, Any], strict: b
     Each full tensor becomes this rank's shard only after those hooks, right before it is copied
     (:func:`_shard_full_tensors_on_load`); every rank holds the full tensor, so no communication is needed.
     """
-    if not is_fsdp(module):
+    if not is_sharded(module):
         module.load_state_dict(state_dict, strict=strict)
         return
     with _shard_full_tensors_on_load(module):
@@ -222,7 +222,7 @@ def load_full_optimizer_state(model: Module, optimizer: Optimizer, state: dict[s
 # ---------------------------------------------------------------------------------------------------- sharded
 def find_model(state: dict[str, Any], action: str) -> tuple[str | None, Module | None]:
     """The one FSDP model in ``state`` (key and module), or ``(None, None)``; several are an error."""
-    found = [(k, v) for k, v in state.items() if isinstance(v, Module) and is_fsdp(v)]
+    found = [(k, v) for k, v in state.items() if isinstance(v, Module) and is_sharded(v)]
     if len(found) > 1:
         verb = "Saving" if action == "save" else "Loading"
         raise ValueError(

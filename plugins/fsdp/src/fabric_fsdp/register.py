@@ -38,6 +38,11 @@ def fabric_register_strategies(registrar: Registrar) -> None:
         description="FSDP sharded within each node and replicated across nodes (2D device mesh)",
         sharding_strategy="HYBRID_SHARD",
     )
+    registrar.add(
+        "model_parallel",
+        "fabric_fsdp.model_parallel:ModelParallelStrategy",
+        description="tensor parallel x FSDP2 on a (data_parallel, tensor_parallel) mesh by your parallelize_fn",
+    )
 
 
 @hookimpl

@@ -266,26 +266,38 @@ def _reset_function(module: Module) -> Callable[[], None] | None:
     return None
 
 
-def _mesh_has_distributed_rng(mesh: DeviceMesh) -> bool:
-    """Whether DTensor's offset-based RNG works on this mesh (CUDA-like devices), so shards differ by design."""
-    if mesh.device_type == "cpu":
+def _mesh_has_distributed_rng(device_type: str) -> bool:
+    """Whether DTensor's offset-based RNG works on this device type (CUDA-like devices), so shards differ by design
+    and replicas agree by design."""
+    if device_type == "cpu":
         return False
-    return hasattr(getattr(torch, mesh.device_type, None), "set_rng_state")
+    return hasattr(getattr(torch, device_type, None), "set_rng_state")
 
 
-def _shard_coordinate(mesh: DeviceMesh) -> int:
-    """This rank's index along the sharding dimension (replicas of the same shard share it)."""
-    return mesh.get_local_rank() if mesh.ndim == 1 else mesh.get_local_rank("shard")
+def _make_replicas_agree(module: Module) -> None:
+    """After each rank initialised its own local tensors: every tensor that several ranks hold copies of takes the
+    value of the first of them (along each mesh dimension a DTensor is replicated over; whole tensors from rank 0)."""
+    from torch.distributed.tensor import Replicate
+
+    for tensor in [*module.parameters(), *module.buffers()]:
+        if not is_dtensor(tensor):
+            dist.broadcast(tensor.data, src=0)
+            continue
+        mesh = tensor.device_mesh
+        for dim, placement in enumerate(tensor.placements):
+            if isinstance(placement, Replicate) and mesh.size(dim) > 1:
+                group = mesh.get_group(dim)
+                dist.broadcast(tensor.to_local().data, src=dist.get_global_rank(group, 0), group=group)
 
 
-def materialize(module: Module, device: torch.device, mesh: DeviceMesh, seed: int) -> None:
-    """Allocate the local shards of meta parameters and initialise them with ``reset_parameters()``.
+def materialize(module: Module, device: torch.device, seed: int) -> None:
+    """Allocate the local shards of meta parameters and buffers and initialise them with ``reset_parameters()``.
 
-    Only ``1/N`` of each parameter is ever allocated on a rank. Modules are reset children first, like
-    construction would (a parent's initialisation of its children wins). Where DTensor has no distributed RNG
-    (CPU), every rank would draw the same numbers for its shard, so each shard (not each replica) is drawn from
-    ``seed`` plus its coordinate; ``seed`` must be the same on every rank. Buffers and ignored parameters are not
-    sharded: rank 0's are broadcast.
+    Only a rank's own part of each parameter is ever allocated. Modules are reset children first, like construction
+    would (a parent's initialisation of its children wins). Where DTensor has a distributed RNG (CUDA), it draws
+    every shard once and replicas alike. Elsewhere (CPU) each rank draws its part from ``seed`` (the same on every
+    rank) plus its rank, then copies of the same shard, replicated parameters and whole tensors are made equal
+    across ranks (:func:`_make_replicas_agree`). Works for any DTensor layout: FSDP2, tensor parallel, both.
     """
     module.to_empty(device=device)
     modules = list(module.named_modules())
@@ -301,10 +313,13 @@ def materialize(module: Module, device: torch.device, mesh: DeviceMesh, seed: in
             f" have no `reset_parameters()` to initialise them: {uncovered[:5]}. Their weights are"
             " uninitialised memory until you load a checkpoint."
         )
+    distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    mesh_device = next((p.device_mesh.device_type for p in module.parameters() if is_dtensor(p)), device.type)
+    drawn_by_dtensor = _mesh_has_distributed_rng(mesh_device)
     with contextlib.ExitStack() as stack:
-        if not _mesh_has_distributed_rng(mesh):
+        if not drawn_by_dtensor:
             stack.enter_context(torch.random.fork_rng(devices=[]))
-            torch.manual_seed(seed + _shard_coordinate(mesh))
+            torch.manual_seed(seed + (dist.get_rank() if distributed else 0))
         stack.enter_context(torch.no_grad())
         stack.enter_context(warnings.catch_warnings())
         warnings.filterwarnings("ignore", message=".*DTensor random operators.*")
@@ -312,11 +327,18 @@ def materialize(module: Module, device: torch.device, mesh: DeviceMesh, seed: in
             reset = _reset_function(sub)
             if reset is not None:
                 reset()
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        # Buffers and parameters FSDP does not shard (`ignored_modules`) are whole on every rank: rank 0's win.
-        unsharded = [p for p in module.parameters() if not is_dtensor(p)]
-        for tensor in [*module.buffers(), *unsharded]:
-            dist.broadcast(tensor.data, src=0)
+    if distributed:
+        if drawn_by_dtensor:
+            # Buffers and parameters left whole (FSDP's `ignored_modules`) are on every rank: rank 0's win.
+            for tensor in [*module.buffers(), *(p for p in module.parameters() if not is_dtensor(p))]:
+                dist.broadcast(tensor.data, src=0)
+        else:
+            _make_replicas_agree(module)
+
+
+def is_sharded(module: Module) -> bool:
+    """Whether ``module`` was sharded over processes: FSDP2 units, or DTensor parameters (tensor parallelism)."""
+    return is_fsdp(module) or any(is_fsdp(m) for m in module.modules()) or any(is_dtensor(p) for p in module.parameters())
 
 
 def check_optimizer(optimizer: Optimizer) -> None:

@@ -1,39 +1,29 @@
 """``FSDPStrategy``: fully sharded data parallel on PyTorch's FSDP2 (``torch.distributed.fsdp.fully_shard``).
 
-Wiring only: the process group, ranks and collectives come from the core's ``ParallelStrategy``; sharding is the
-recipe of free functions in :mod:`fabric_fsdp.sharding`; checkpoints are :mod:`fabric_fsdp.checkpoint`, built on
-the core's checkpoint building blocks; the precision hands over its FSDP policy as a value
+Wiring only: the process group, ranks and collectives come from the core's ``ParallelStrategy``; what every
+strategy of this plugin shares (tracking models, ``no_backward_sync``, meta init, checkpoints) from
+:class:`~fabric_fsdp.sharded.ShardedStrategy`; sharding is the recipe of free functions in
+:mod:`fabric_fsdp.sharding`; checkpoints are :mod:`fabric_fsdp.checkpoint`, built on the core's checkpoint
+building blocks; the precision hands over its FSDP policy as a value
 (:mod:`fabric_fsdp.precision`); the reference's FSDP1 arguments are mapped onto FSDP2 by
 :mod:`fabric_fsdp.arguments`. The README lists the choices worth knowing.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import weakref
-from collections.abc import Generator
-from contextlib import AbstractContextManager, ExitStack
 from datetime import timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
 
-from fabric_core.io.format import CheckpointFormat, FormatContext
-from fabric_core.io.location import CheckpointLocation
-from fabric_core.io.state import Filter
 from fabric_core.precision.base import Precision
-from fabric_core.strategies.base import BackwardSyncControl
-from fabric_core.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
-from fabric_core.utilities.dtensor import clip_grad_norm
+from fabric_core.strategies.parallel import DEFAULT_TIMEOUT
 from fabric_core.utilities.rank_zero import rank_zero_warn
 from fabric_fsdp import arguments, sharding
-from fabric_fsdp import checkpoint as fsdp_checkpoint
 from fabric_fsdp.precision import FSDPPrecision
+from fabric_fsdp.sharded import ShardedStrategy
 from fabric_fsdp.sharding import DEFAULT_WRAP_CLASSES, ModulePolicy, is_fsdp
 
 if TYPE_CHECKING:
@@ -41,13 +31,9 @@ if TYPE_CHECKING:
 
     from fabric_core.accelerators.base import Accelerator
     from fabric_core.environments.base import ClusterEnvironment
-    from fabric_core.io.background import CheckpointHandle
     from fabric_core.io.checkpoint_io import CheckpointIO
 
 __all__ = ["DEFAULT_WRAP_CLASSES", "FSDPStrategy"]
-
-_STATE_DICT_TYPES = ("sharded", "full")
-
 
 def _check_precision(precision: Precision | None) -> None:
     """FSDP casts through its sharding policy: an autocast or half-precision plugin of another strategy would
@@ -71,37 +57,7 @@ def _check_precision(precision: Precision | None) -> None:
     )
 
 
-def _is_default_io(io: Any) -> bool:
-    from fabric_core.io.checkpoint_io import TorchCheckpointIO
-
-    return io is None or type(io) is TorchCheckpointIO
-
-
-class _FSDPBackwardSyncControl(BackwardSyncControl):
-    """``fabric.no_backward_sync``: skip the gradient reduce-scatter while accumulating.
-
-    FSDP then keeps unsharded gradients until the next synchronised backward: less communication, more memory.
-    """
-
-    @contextlib.contextmanager
-    def no_backward_sync(self, module: Module, enabled: bool) -> Generator[None, None, None]:
-        if not enabled:
-            yield
-            return
-        if not is_fsdp(module):
-            raise TypeError(
-                "Blocking backward sync is only possible if the module passed to `FSDPStrategy.no_backward_sync` is"
-                " wrapped in `FullyShardedDataParallel` (with FSDP2: sharded by `fully_shard`, as `fabric.setup`"
-                f" does). Got: {type(module).__name__}. Pass the model returned by `fabric.setup`."
-            )
-        module.set_requires_gradient_sync(False)  # type: ignore[operator]
-        try:
-            yield
-        finally:
-            module.set_requires_gradient_sync(True)  # type: ignore[operator]
-
-
-class FSDPStrategy(ParallelStrategy):
+class FSDPStrategy(ShardedStrategy):
     """Fully sharded data parallel with FSDP2.
 
     The arguments of the reference's FSDP1 strategy are accepted and mapped onto FSDP2, or refused with an
@@ -169,11 +125,8 @@ class FSDPStrategy(ParallelStrategy):
             process_group_backend=process_group_backend,
             timeout=timeout,
             start_method=start_method,
+            state_dict_type=state_dict_type,
         )
-        if state_dict_type not in _STATE_DICT_TYPES:
-            raise ValueError(f"`state_dict_type` must be one of {_STATE_DICT_TYPES}, got {state_dict_type!r}.")
-        self._state_dict_type = state_dict_type
-        self.check_checkpoint_io(self.configured_checkpoint_io)
         sharding_strategy = arguments.sharding_strategy_name(sharding_strategy)
         if isinstance(device_mesh, tuple) and not (
             1 <= len(device_mesh) <= 2 and all(isinstance(n, int) and n > 0 for n in device_mesh)
@@ -198,13 +151,6 @@ class FSDPStrategy(ParallelStrategy):
         self.sharding_strategy = sharding_strategy
         self._device_mesh_arg = device_mesh
         self._mesh: DeviceMesh | None = None
-        self._models: weakref.WeakSet[Module] = weakref.WeakSet()
-        self._dcp_stager: Any = None
-        # model -> its FSDP units that can keep gathered parameters after a forward (see `optimizer_step`)
-        self._may_stay_gathered: weakref.WeakKeyDictionary[Module, list[weakref.ref[Module]]] = (
-            weakref.WeakKeyDictionary()
-        )
-        self._backward_sync_control = _FSDPBackwardSyncControl()
 
     # ---------------------------------------------------------------------------------------- plugins
     @property
@@ -228,34 +174,7 @@ class FSDPStrategy(ParallelStrategy):
 
         return FSDPPrecision(precision) if precision in SUPPORTED else None
 
-    @property
-    def state_dict_type(self) -> str:
-        """``"sharded"`` or ``"full"``; may be changed between saves."""
-        return self._state_dict_type
-
-    @state_dict_type.setter
-    def state_dict_type(self, value: str) -> None:
-        if value not in _STATE_DICT_TYPES:
-            raise ValueError(f"`state_dict_type` must be one of {_STATE_DICT_TYPES}, got {value!r}.")
-        self.check_checkpoint_io(self.configured_checkpoint_io, value)
-        self._state_dict_type = value
-
-    def check_checkpoint_io(self, io: CheckpointIO | None, state_dict_type: str | None = None) -> None:
-        """A custom ``CheckpointIO`` writes full checkpoints; sharded ones are DCP's, so it would be bypassed."""
-        if (state_dict_type or self._state_dict_type) == "sharded" and not _is_default_io(io):
-            raise NotImplementedError(
-                "The `FSDPStrategy` does not support setting a `CheckpointIO` plugin for sharded checkpoints"
-                f" (`state_dict_type='sharded'`), got {type(io).__name__}: they are written by"
-                " torch.distributed.checkpoint, every rank its own shards, so it would not be used. Pass"
-                " `FSDPStrategy(state_dict_type='full')` to save through it (rank 0 writes one file with it), or"
-                " leave it out."
-            )
-
     # ---------------------------------------------------------------------------------------- topology
-    @property
-    def backward_sync_control(self) -> BackwardSyncControl:
-        return self._backward_sync_control
-
     @property
     def data_parallel_rank(self) -> int:
         """Every rank holds a data-parallel shard (or replica, across the nodes of a hybrid mesh) of the model: its
@@ -312,23 +231,9 @@ class FSDPStrategy(ParallelStrategy):
         self._mesh = self._build_mesh()
 
     def teardown(self) -> None:
-        if self._dcp_stager is not None:
-            self._dcp_stager.close()
-            self._dcp_stager = None
+        """Forget the mesh, then what every sharded strategy releases."""
         self._mesh = None
         super().teardown()
-
-    def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager:
-        """``empty_init=True`` builds the model on the meta device: no memory until ``setup_module`` shards it."""
-        if not empty_init:
-            return super().module_init_context(empty_init=empty_init)
-        stack = ExitStack()
-        stack.enter_context(torch.device("meta"))
-        stack.enter_context(self.precision.module_init_context())
-        return stack
-
-    def module_to_device(self, module: Module) -> None:
-        """Nothing: ``fully_shard`` moves each shard to the device, so the full model never lands there."""
 
     # ---------------------------------------------------------------------------------------- setup
     def _offload_policy(self) -> Any:
@@ -359,8 +264,7 @@ class FSDPStrategy(ParallelStrategy):
         arguments.check_device_id(self._fsdp1.device_id, self.root_device)
         if is_fsdp(module):
             rank_zero_warn("The model is already sharded with `fully_shard`; the FSDP strategy uses it as it is.")
-            self._models.add(module)
-            self._may_stay_gathered[module] = [weakref.ref(m) for m in module.modules() if is_fsdp(m)]
+            self.track(module, [m for m in module.modules() if is_fsdp(m)])
             return module
         arguments.warn_unkept_modules(self.mixed_precision, module)
         if self._fsdp1.sync_module_states:
@@ -375,18 +279,18 @@ class FSDPStrategy(ParallelStrategy):
         )
         # Units that reshard after forward never keep gathered parameters beyond a forward; the others may.
         resharding = self.reshard_after_forward is True or self.reshard_after_forward is None
-        self._may_stay_gathered[module] = [weakref.ref(m) for m in [module, *([] if resharding else units)]]
+        may_stay_gathered = [module, *([] if resharding else units)]
         if any(p.is_meta for p in module.parameters()) or any(b.is_meta for b in module.buffers()):
             device = torch.device("cpu") if isinstance(offload, CPUOffloadPolicy) else self.root_device
             seed = self.broadcast(int(torch.randint(0, 2**31 - 1, (1,)).item()) if self.is_global_zero else None)
-            sharding.materialize(module, device, self.device_mesh, seed)
+            sharding.materialize(module, device, seed)
         # FSDP2 leaves ignored parameters where they are: put them on this rank's device, whole.
         params = dict(module.named_parameters())
         with torch.no_grad():
             for name in ignored_names:
                 if params[name].device != self.root_device:
                     params[name].data = params[name].data.to(self.root_device)
-        self._models.add(module)
+        self.track(module, may_stay_gathered)
         return module
 
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
@@ -394,127 +298,6 @@ class FSDPStrategy(ParallelStrategy):
         ``setup_module`` at them)."""
         sharding.check_optimizer(optimizer)
         return optimizer
-
-    def owner(self, optimizer: Optimizer) -> Module:
-        """The FSDP model whose parameters ``optimizer`` updates."""
-        params = {id(p) for g in optimizer.param_groups for p in g["params"]}
-        for model in self._models:
-            if any(id(p) in params for p in model.parameters()):
-                return model
-        raise ValueError(
-            "This optimizer does not belong to a model set up with the FSDP strategy, so its sharded state cannot"
-            " be saved or restored. Set up the model and the optimizer through this Fabric first."
-        )
-
-    # ---------------------------------------------------------------------------------------- training step
-    def optimizer_step(self, optimizer: Any, **kwargs: Any) -> Any:
-        """Step, after freeing parameters that a forward left gathered, so the next forward gathers new ones.
-
-        A unit that does not reshard after forward keeps its gathered copy until its backward. After a forward
-        without backward (evaluation under ``torch.no_grad()``), that copy would survive the step, and the next
-        forward would compute with the weights from before the step. ``reshard()`` is a no-op when the backward
-        has already freed them, which is the usual case.
-        """
-        for units in self._may_stay_gathered.values():
-            for ref in units:
-                unit = ref()
-                if unit is not None:
-                    unit.reshard()  # type: ignore[operator]
-        return super().optimizer_step(optimizer, **kwargs)
-
-    def clip_gradients_norm(
-        self,
-        module: Module,
-        optimizer: Optimizer,
-        max_norm: float | int,
-        norm_type: float | int | str = 2.0,
-        error_if_nonfinite: bool = True,
-    ) -> Tensor:
-        """Clip by the norm over *all* shards on all ranks; returns that norm as a plain tensor."""
-        if not is_fsdp(self.unwrap_module(module)):
-            raise TypeError(
-                "Gradient clipping with FSDP is only possible if the module passed to"
-                " `FSDPStrategy.clip_gradients_norm` is wrapped in `FullyShardedDataParallel` (with FSDP2: sharded"
-                f" by `fully_shard`, as `fabric.setup` does). Got: {type(module).__name__}. Pass the model returned"
-                " by `fabric.setup`."
-            )
-        self.precision.unscale_gradients(optimizer)
-        params = [p for p in self.precision.main_params(optimizer) if p.grad is not None]
-        return clip_grad_norm(params, float(max_norm), float(norm_type), error_if_nonfinite)
-
-    # ---------------------------------------------------------------------------------------- checkpoints
-    def checkpoint_context(self) -> FormatContext:
-        """The core's context with full-state adapters: a full (single-file) checkpoint gathers the model and its
-        optimizers, and loading one gives every rank its shard (:mod:`fabric_fsdp.checkpoint`)."""
-        return dataclasses.replace(
-            super().checkpoint_context(),
-            module_state=fsdp_checkpoint.full_module_state,
-            load_module_state=fsdp_checkpoint.load_full_module_state,
-            optimizer_state=lambda optimizer: fsdp_checkpoint.full_optimizer_state(self.owner(optimizer), optimizer),
-            load_optimizer_state=lambda optimizer, state: fsdp_checkpoint.load_full_optimizer_state(
-                self.owner(optimizer), optimizer, state
-            ),
-        )
-
-    def sharded_checkpoint_format(self) -> fsdp_checkpoint.ShardedFormat:
-        """The sharded folder format (DCP shards plus ``meta.pt``) over this strategy's models."""
-        return fsdp_checkpoint.ShardedFormat(owner=self.owner, stager=self.dcp_stager)
-
-    def checkpoint_format(self) -> CheckpointFormat:
-        """``state_dict_type="sharded"``: the sharded folder; ``"full"``: the core's single file, gathered."""
-        if self.state_dict_type == "full":
-            return super().checkpoint_format()
-        return self.sharded_checkpoint_format()
-
-    def checkpoint_formats(self) -> list[CheckpointFormat]:
-        """Sharded folders (resharded on load), then single files (each rank keeps its shard)."""
-        return [self.sharded_checkpoint_format(), *super().checkpoint_formats()]
-
-    def _require_model(self, state: dict[str, Any]) -> None:
-        _, model = fsdp_checkpoint.find_model(state, "save")
-        if model is None:
-            raise ValueError(
-                "Could not find a FSDP model in the provided checkpoint state. Pass the model set up with"
-                " `fabric.setup` as part of the state, like `fabric.save(path, {'model': model, 'optimizer':"
-                " optimizer, ...})`."
-            )
-        if self.state_dict_type == "sharded":
-            self.check_checkpoint_io(self.configured_checkpoint_io)
-
-    def save_checkpoint(
-        self,
-        path: CheckpointLocation | str | Path,
-        state: dict[str, Any],
-        storage_options: Any | None = None,
-        filter: Filter | None = None,
-    ) -> None:
-        """Write ``state`` as a sharded directory (all ranks) or as one full file (rank 0, through the
-        ``CheckpointIO``, which gets ``storage_options``).
-
-        Exactly one FSDP model may be in ``state``; optimizers of that model are saved with it.
-        """
-        self._require_model(state)
-        super().save_checkpoint(path, state, storage_options, filter)
-
-    def save_checkpoint_async(
-        self,
-        path: CheckpointLocation | str | Path,
-        state: dict[str, Any],
-        storage_options: Any | None = None,
-        filter: Filter | None = None,
-    ) -> CheckpointHandle:
-        """Sharded: torch.distributed.checkpoint's asynchronous save, committed by the core in the background.
-        Full: the core's snapshot-and-write (the full state dict is gathered now, on every rank)."""
-        self._require_model(state)
-        return super().save_checkpoint_async(path, state, storage_options, filter)
-
-    def dcp_stager(self) -> Any:
-        """The stager asynchronous sharded saves copy into; kept so its CPU buffers are reused by the next save."""
-        if self._dcp_stager is None:
-            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-            self._dcp_stager = DefaultStager(StagingOptions(False, False, False, False))
-        return self._dcp_stager
 
     def __repr__(self) -> str:
         return (
