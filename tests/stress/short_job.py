@@ -5,6 +5,8 @@
     python short_job.py spawn      # strategy="ddp_spawn": launch(fn) in spawned processes
     python short_job.py fsdp       # strategy="fsdp": launch(), a sharded step
     python short_job.py deepspeed  # strategy="deepspeed_stage_2": launch(), an engine step (needs fabric-deepspeed)
+    python short_job.py model_parallel   # ModelParallelStrategy, tensor parallel 2: launch(), sharded steps
+    python short_job.py model_parallel4  # ModelParallelStrategy on 4 processes, data parallel 2 x tensor parallel 2
 """
 
 from __future__ import annotations
@@ -30,11 +32,26 @@ def train(fabric: Fabric) -> float:
     return float(total)
 
 
+def parallelize(model: torch.nn.Module, mesh) -> torch.nn.Module:
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    parallelize_module(model, mesh["tensor_parallel"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    fully_shard(model, mesh=mesh["data_parallel"])
+    return model
+
+
 def main(mode: str) -> None:
-    strategy = {"script": "ddp", "function": "ddp", "spawn": "ddp_spawn", "fsdp": "fsdp",
-                "deepspeed": "deepspeed_stage_2"}[mode]
-    fabric = Fabric(accelerator="cpu", strategy=strategy, devices=2)
-    if mode in ("script", "fsdp", "deepspeed"):
+    devices = 4 if mode == "model_parallel4" else 2
+    if mode.startswith("model_parallel"):
+        from fabric_fsdp import ModelParallelStrategy
+
+        strategy = ModelParallelStrategy(parallelize, data_parallel_size=devices // 2, tensor_parallel_size=2)
+    else:
+        strategy = {"script": "ddp", "function": "ddp", "spawn": "ddp_spawn", "fsdp": "fsdp",
+                    "deepspeed": "deepspeed_stage_2"}[mode]  # fmt: skip
+    fabric = Fabric(accelerator="cpu", strategy=strategy, devices=devices)
+    if mode in ("script", "fsdp", "deepspeed", "model_parallel", "model_parallel4"):
         fabric.launch()
         train(fabric)
     else:

@@ -462,7 +462,9 @@ class SubprocessScriptLauncher(Launcher):
         return child
 
     def _start_children(self, env: ClusterEnvironment, command: Sequence[str] | None = None) -> None:
-        command = list(command) if command is not None else script_command(self.strategy)
+        if command is None:  # one process per node starts no child: nothing to re-run (also under `python -c`)
+            command = script_command(self.strategy) if self.num_processes > 1 else []
+        command = list(command)
         # Fix the rendezvous in this process first, so rank 0 and the children agree on the (free) port.
         rank_zero_env = self._topology(env, 0).environment(env.main_address, env.main_port)
         self._export(rank_zero_env, ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "WORLD_SIZE"))
