@@ -417,7 +417,7 @@ class Fabric:
         "Strategies we did not write"): optimizers update the parameters the model now has, and a model whose
         parameters are sharded (DTensors) comes from a strategy that says which processes share data."""
         replaced = replaced_parameters(places)
-        self._replaced.update(replaced)
+        self._replaced = {k: v for k, v in self._replaced.items() if v[0]() is not None} | replaced
         module = self._strategy.unwrap_module(forward_module)
         name = type(self._strategy).__name__
         for index, optimizer in enumerate(optimizers):

@@ -20,7 +20,10 @@ import torch
 from torch import nn
 
 from fabric_core import Fabric  # was: from lightning.fabric import Fabric
-from fabric_core.utilities import ThroughputMonitor, measure_flops  # was: from lightning.fabric.utilities import ...
+from fabric_core.utilities import (  # was: from lightning.fabric.utilities import ...
+    ThroughputMonitor,
+    measure_flops,
+)
 
 VOCAB, DIM, SEQ, MICRO_BATCH, ACCUMULATE, STEPS = 64, 32, 16, 2, 2, 3
 
