@@ -471,10 +471,11 @@ class Strategy(ABC):
         By default into the plain module (:meth:`unwrap_module`); entries whose parameter or buffer is a DTensor are
         laid out like it first, so each rank keeps its own part of the whole tensor.
         """
-        from fabric_core.utilities.dtensor import shard_module_state
+        from fabric_core.utilities.dtensor import shard_full_tensors_on_load
 
         plain = self.unwrap_module(module)
-        plain.load_state_dict(shard_module_state(plain, state_dict), strict=strict)
+        with shard_full_tensors_on_load(plain):
+            plain.load_state_dict(dict(state_dict), strict=strict)
 
     def get_optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
         """The state a checkpoint stores for ``optimizer`` (the user's optimizer, unwrapped); every rank calls it.

@@ -7,8 +7,9 @@ before that, so the checks cost nothing for strategies that never shard.
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -96,12 +97,43 @@ def shard_like(value: Any, like: Any) -> Any:
     return distribute_tensor(value.to(device=like.device, dtype=like.dtype), like.device_mesh, like.placements, src_data_rank=None)
 
 
-def shard_module_state(module: Module, state: dict[str, Any]) -> dict[str, Any]:
-    """A full module state dict with the entries whose counterpart in ``module`` is a DTensor laid out like it."""
-    if not has_dtensor_parameters(module) and not any(is_dtensor(b) for b in module.buffers()):
-        return state
-    current = module.state_dict()
-    return {key: shard_like(value, current.get(key)) for key, value in state.items()}
+@contextlib.contextmanager
+def shard_full_tensors_on_load(root: Module) -> Iterator[None]:
+    """While ``root.load_state_dict(full_state)`` runs: the whole tensor under each key of a DTensor parameter or
+    buffer becomes a DTensor laid out like it, this rank keeping its part (every rank holds the whole tensor, so no
+    communication is needed).
+
+    Done by a last ``load_state_dict`` pre-hook on each module holding DTensors, so hooks its layers registered run
+    first: adapter layers (LoRA) rename keys there (``qkv.weight`` -> ``qkv.linear.weight``), and a plain model's
+    checkpoint still loads into them.
+    """
+    if _MODULE not in sys.modules:
+        yield
+        return
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    def shard_own_entries(module: Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        for name, current in [*module._parameters.items(), *module._buffers.items()]:
+            key = prefix + name
+            value = state_dict.get(key)
+            if (
+                isinstance(current, DTensor)
+                and isinstance(value, Tensor)
+                and not isinstance(value, DTensor)
+                and value.shape == current.shape  # else load_state_dict reports the size mismatch itself
+            ):
+                state_dict[key] = distribute_tensor(value.detach(), current.device_mesh, current.placements, src_data_rank=None)
+
+    handles = [
+        module.register_load_state_dict_pre_hook(shard_own_entries)
+        for module in root.modules()
+        if any(isinstance(t, DTensor) for t in [*module._parameters.values(), *module._buffers.values()])
+    ]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def shard_optimizer_state(optimizer: Any, state: dict[str, Any]) -> dict[str, Any]:

@@ -41,7 +41,15 @@ from fabric_core.io.format import CheckpointFormat, FormatContext
 from fabric_core.io.location import CheckpointLocation
 from fabric_core.io.state import Filter, check_missing, restore_state, state_to_save
 from fabric_deepspeed import runtime
-from fabric_deepspeed.layout import FORMAT_KEY, FORMAT_VERSION, LATEST, TAG, is_deepspeed_checkpoint, model_states_files, read_tag
+from fabric_deepspeed.layout import (
+    FORMAT_KEY,
+    FORMAT_VERSION,
+    LATEST,
+    TAG,
+    is_deepspeed_checkpoint,
+    model_states_files,
+    read_tag,
+)
 
 __all__ = [
     "DeepSpeedCheckpointError",

@@ -21,10 +21,9 @@ it through the ``fabric_select_checkpoint_reader`` hook (single device, DDP) and
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -37,6 +36,7 @@ from fabric_core.io.errors import CheckpointPathError
 from fabric_core.io.format import CheckpointFormat, FormatContext
 from fabric_core.io.location import CheckpointLocation
 from fabric_core.io.state import Filter, check_missing, restore_state, state_to_save
+from fabric_core.utilities.dtensor import shard_full_tensors_on_load
 from fabric_fsdp.layout import (
     DCP_METADATA,
     FORMAT_KEY,
@@ -160,45 +160,14 @@ def load_full_module_state(module: Module, state_dict: dict[str, Any], strict: b
     The module's own ``load_state_dict`` runs, with every pre-hook its layers registered: adapter layers (LoRA)
     rename keys there (``qkv.weight`` -> ``qkv.linear.weight``), so a plain model's checkpoint loads into them.
     Each full tensor becomes this rank's shard only after those hooks, right before it is copied
-    (:func:`_shard_full_tensors_on_load`); every rank holds the full tensor, so no communication is needed.
+    (:func:`fabric_core.utilities.dtensor.shard_full_tensors_on_load`); every rank holds the full tensor, so no
+    communication is needed.
     """
     if not is_sharded(module):
         module.load_state_dict(state_dict, strict=strict)
         return
-    with _shard_full_tensors_on_load(module):
+    with shard_full_tensors_on_load(module):
         module.load_state_dict(dict(state_dict), strict=strict)
-
-
-@contextlib.contextmanager
-def _shard_full_tensors_on_load(root: Module) -> Iterator[None]:
-    """While loading: a last ``load_state_dict`` pre-hook on every module holding sharded (DTensor) parameters or
-    buffers turns the plain full tensor under each of their keys into a DTensor laid out like the parameter."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    def shard_own_entries(module: Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
-        for name, current in [*module._parameters.items(), *module._buffers.items()]:
-            key = prefix + name
-            value = state_dict.get(key)
-            if (
-                isinstance(current, DTensor)
-                and isinstance(value, torch.Tensor)
-                and not isinstance(value, DTensor)
-                and value.shape == current.shape  # else load_state_dict reports the size mismatch itself
-            ):
-                state_dict[key] = distribute_tensor(
-                    value.detach(), current.device_mesh, current.placements, src_data_rank=None
-                )
-
-    handles = [
-        module.register_load_state_dict_pre_hook(shard_own_entries)
-        for module in root.modules()
-        if any(isinstance(t, DTensor) for t in [*module._parameters.values(), *module._buffers.values()])
-    ]
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def full_optimizer_state(model: Module, optimizer: Optimizer) -> dict[str, Any]:
