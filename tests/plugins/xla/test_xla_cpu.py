@@ -126,3 +126,19 @@ def test_multi_replica_launch_and_ranks(tmp_path: Path) -> None:
     assert all(x["value"] == [0.0, 2.0, 4.0] for x in replicas)
     assert replicas[0]["fabric_object"] != replicas[1]["fabric_object"]  # threads get their own Fabric copy
     assert r["single_result"] == {"rank": 0, "world_size": 1} and r["single_ran_here"]
+
+
+def test_a_backward_before_the_xla_device_is_a_clear_error(tmp_path: Path) -> None:
+    """pytorch/xla#4174: after a CPU backward, every XLA backward fails an internal assert deep in autograd. Fabric
+    checks once when it starts the runtime and says what to do."""
+    env = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    run_script(SCRIPTS / "autograd_order.py", str(tmp_path), "cpu_backward_first", timeout=TIMEOUT, tmp_path=tmp_path, env=env)
+    r = read_json(tmp_path / "order.json")
+    assert r["error_type"] == "XLAAutogradOrderError" and r["is_runtime_error"], r
+    assert "A backward pass ran in this process before the XLA device was first used" in r["error"]
+    assert "before anything in this process calls `backward()`" in r["error"] and "fresh process" in r["error"]
+    assert "device_ready_queues_" in r["cause"]  # torch_xla's own assert stays attached as the cause
+
+    run_script(SCRIPTS / "autograd_order.py", str(tmp_path), "fabric_first", timeout=TIMEOUT, tmp_path=tmp_path, env=env)
+    r = read_json(tmp_path / "order.json")
+    assert r["grad_on_xla"].startswith("xla")

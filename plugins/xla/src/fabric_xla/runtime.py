@@ -7,11 +7,15 @@ The rules torch_xla imposes (measured on torch_xla 2.9, see the README):
   in a process whose runtime is already running.
 * A CPU ``backward()`` that runs before the runtime starts sizes the autograd engine's device queues without the
   XLA devices, and every later XLA backward then fails an internal assert (pytorch/xla#4174). The single-device
-  and SPMD strategies therefore start the runtime as soon as ``Fabric(...)`` resolves them.
+  and SPMD strategies therefore start the runtime as soon as ``Fabric(...)`` resolves them, and
+  :func:`initialize` checks the order once per process with a one-element XLA backward (traced, never compiled):
+  when a backward already ran, it raises :class:`XLAAutogradOrderError`, which says what to do, instead of the
+  assert deep in autograd at the first training step.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -19,11 +23,44 @@ from torch import Tensor
 from torch.nn import Module
 
 
+class XLAAutogradOrderError(RuntimeError):
+    """A backward pass ran in this process before the XLA device was first used; XLA backwards cannot work here."""
+
+
+AUTOGRAD_ORDER_MESSAGE = (
+    "A backward pass ran in this process before the XLA device was first used, so PyTorch's autograd engine was set"
+    " up without the XLA devices and every backward on XLA fails (torch_xla's internal assert on"
+    " `device_ready_queues_`, pytorch/xla#4174). Create `Fabric(accelerator='tpu', ...)` (or call"
+    " `torch_xla.device()`) before anything in this process calls `backward()`: move CPU warm-ups, checks or other"
+    " training after it, or run the XLA training in a fresh process (for example a subprocess)."
+)
+_ORDER_CHECKED = False
+_ORDER_LOCK = threading.Lock()
+
+
+def check_autograd_order(device: torch.device) -> None:
+    """Once per process: a one-element backward on ``device`` (traced, not compiled or run), turning torch_xla's
+    internal assert after an earlier CPU backward into :class:`XLAAutogradOrderError`."""
+    global _ORDER_CHECKED
+    with _ORDER_LOCK:
+        if _ORDER_CHECKED:
+            return
+        probe = torch.ones(1, device=device, requires_grad=True)
+        try:
+            (probe * 2).sum().backward()
+        except RuntimeError as err:
+            if "device_ready_queues_" in str(err):
+                raise XLAAutogradOrderError(AUTOGRAD_ORDER_MESSAGE) from err
+            raise
+        _ORDER_CHECKED = True
+
+
 def initialize(spmd: bool) -> torch.device:
     """Start the runtime (in SPMD mode if ``spmd``) and return this thread's default XLA device.
 
     Asking for SPMD after the runtime has started without it is refused: existing XLA tensors would be replicated
-    silently, and a single-device strategy may already be using them.
+    silently, and a single-device strategy may already be using them. A backward that ran before the XLA device
+    was first used is reported here (:func:`check_autograd_order`), not at the first training step.
     """
     import torch_xla
     import torch_xla.runtime as xr
@@ -36,7 +73,9 @@ def initialize(spmd: bool) -> torch.device:
                 " anything touches the XLA device, or run the sharded part in a fresh process."
             )
         xr.use_spmd()
-    return torch_xla.device()
+    device = torch_xla.device()
+    check_autograd_order(device)
+    return device
 
 
 def is_initialized() -> bool:
