@@ -1,4 +1,5 @@
-"""``fabric consolidate CHECKPOINT_DIR [--output_file PATH]``: one ``torch.load``-able file from a checkpoint folder.
+"""``fabric consolidate CHECKPOINT_DIR [--output_file PATH]``: one ``torch.load``-able file from a checkpoint folder
+(a local one or one at a URL, such as ``s3://bucket/run/step-100``).
 
 The core knows no sharded format. It asks the ``fabric_select_checkpoint_reader`` hook which installed plugin can
 read the folder (each sharding plugin reads the folders its strategies write), loads it
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 SUFFIX = ".consolidated"
@@ -51,25 +51,31 @@ def _fail(message: str) -> int:
 
 def consolidate_main(args: argparse.Namespace) -> int:
     """Convert ``args.checkpoint_folder`` into ``args.output_file``; returns the exit status."""
-    folder = Path(args.checkpoint_folder)
-    if not folder.exists():
-        return _fail(f"The provided checkpoint folder does not exist: {str(folder)!r}.")
-    if not folder.is_dir():
+    from fabric_core.io.location import CheckpointLocation
+
+    location = CheckpointLocation.of(args.checkpoint_folder)  # a local folder or a URL
+    folder = str(location)
+    if not location.exists():
+        return _fail(f"The provided checkpoint folder does not exist: {folder!r}.")
+    if not location.is_dir():
         return _fail(
-            f"The provided checkpoint path {str(folder)!r} is a file, not a folder: it is already a single"
+            f"The provided checkpoint path {folder!r} is a file, not a folder: it is already a single"
             " checkpoint file and needs no consolidation."
         )
-    output = Path(args.output_file) if args.output_file else folder.with_name(folder.resolve().name + SUFFIX)
+    if args.output_file:
+        output = CheckpointLocation.of(args.output_file)
+    elif location.is_url:
+        output = location.sibling(location.name + SUFFIX)
+    else:
+        output = CheckpointLocation.of(location.path.with_name(location.path.resolve().name + SUFFIX))
     if output.exists():
         return _fail(
             f"The path for the converted checkpoint already exists: {str(output)!r}. Remove it or pass another"
             " `--output_file`."
         )
 
-    from fabric_core.io.location import CheckpointLocation
     from fabric_core.plugins.host import get_registry
 
-    location = CheckpointLocation.of(folder)
     registry = get_registry()
     loader = registry.decisions.select_checkpoint_reader(location)
     if loader is None:
@@ -80,21 +86,21 @@ def consolidate_main(args: argparse.Namespace) -> int:
             }
         )
         return _fail(
-            f"{str(folder)!r} is not a checkpoint folder that an installed plugin can read. The formats installed"
+            f"{folder!r} is not a checkpoint folder that an installed plugin can read. The formats installed"
             f" here are read by: {', '.join(readers) or 'no plugin'}. A sharded checkpoint is read by the plugin"
             " of the strategy that wrote it; install it (`fabric plugins` lists what is installed)."
         )
 
     import torch
 
-    from fabric_core.io.commit import atomic_save
+    from fabric_core.io.checkpoint_io import TorchCheckpointIO
 
     try:
         checkpoint = loader(location, map_location=torch.device("cpu"))
     except Exception as err:
-        return _fail(f"Could not read the checkpoint folder {str(folder)!r}: {type(err).__name__}: {err}")
-    atomic_save(checkpoint, output)
-    print(f"Consolidated {str(folder)!r} into {str(output)!r}.")
+        return _fail(f"Could not read the checkpoint folder {folder!r}: {type(err).__name__}: {err}")
+    TorchCheckpointIO().save_checkpoint(checkpoint, output)  # crash-safe locally, one upload at a URL
+    print(f"Consolidated {folder!r} into {str(output)!r}.")
     return 0
 
 

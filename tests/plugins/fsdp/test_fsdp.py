@@ -148,6 +148,16 @@ def test_training_checkpoints_and_bad_inputs(tmp_path: Path) -> None:
     assert _tensors_equal(consolidated["model"], full["model"])
     assert _optimizer_states_equal(consolidated["optimizer"], full["optimizer"])
 
+    # ... also for a folder at a URL, into a file beside it there.
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    fs.put(str(tmp_path / "sharded"), "/consolidate-test/sharded", recursive=True)
+    assert _consolidate("memory://consolidate-test/sharded") == 0
+    with fs.open("/consolidate-test/sharded.consolidated", "rb") as file:
+        remote = torch.load(file, weights_only=True)
+    assert sorted(remote) == sorted(full) and _tensors_equal(remote["model"], full["model"])
+
 
 # ----------------------------------------------------------------------------------------------------- the seeds' loop
 def test_seed_skeleton_meta_init_and_single_process_load(tmp_path: Path) -> None:
