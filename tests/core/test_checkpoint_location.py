@@ -24,8 +24,8 @@ def test_a_url_cannot_be_used_as_a_local_path():
     url = CheckpointLocation.of("s3://bucket/ckpt")
     with pytest.raises(NotALocalPathError, match="is a URL, not a local path"):
         Path(url)
-    with pytest.raises(NotALocalPathError):
-        url.path
+    with pytest.raises(NotALocalPathError, match="'s3://bucket/ckpt' is a URL, not a local path"):
+        _ = url.path  # the property raises: no local path to hand out
     with pytest.raises(TypeError):  # NotALocalPathError is a TypeError: os functions refuse it as they should
         os.path.exists(url)
 

@@ -132,7 +132,6 @@ def test_every_strategy_saves_to_and_loads_from_an_s3_bucket(kind, tmp_path, s3_
     endpoint, bucket = s3_bucket
     _run(kind, f"s3://{bucket}/run/last.ckpt", CASES[kind], tmp_path)
     import boto3
-
     from s3_server import CREDENTIALS
 
     client = boto3.client("s3", endpoint_url=endpoint, region_name=CREDENTIALS["AWS_DEFAULT_REGION"],
