@@ -415,14 +415,14 @@ def _consume(iterator, n):
 def test_dataloader_state_holds_the_epoch_to_continue(device):
     sampler = EpochSampler(6)
     loader = FabricDataLoader(DataLoader(list(range(6)), sampler=sampler, batch_size=2), device=device)
-    assert loader.state_dict() == {"fabric_epoch": 0}  # a plain DataLoader has no state of its own
+    assert loader.state_dict() == {"fabric_epoch": 0, "fabric_mid_epoch": False}  # a plain DataLoader has no state of its own
     list(loader)
-    assert loader.state_dict() == {"fabric_epoch": 1}  # epoch 0 ran to its end: the next one is 1
+    assert loader.state_dict() == {"fabric_epoch": 1, "fabric_mid_epoch": False}  # epoch 0 ran to its end: the next one is 1
     iterator = iter(loader)
     _consume(iterator, 1)
-    assert loader.state_dict() == {"fabric_epoch": 1}  # epoch 1 is unfinished: it is the one to continue
+    assert loader.state_dict() == {"fabric_epoch": 1, "fabric_mid_epoch": True}  # epoch 1 is unfinished: it is the one to continue
     list(iterator)
-    assert loader.state_dict() == {"fabric_epoch": 2}
+    assert loader.state_dict() == {"fabric_epoch": 2, "fabric_mid_epoch": False}
 
     resumed_sampler = EpochSampler(6)
     resumed = FabricDataLoader(DataLoader(list(range(6)), sampler=resumed_sampler, batch_size=2), device=device)
@@ -430,7 +430,7 @@ def test_dataloader_state_holds_the_epoch_to_continue(device):
     assert [b.tolist() for b in resumed] == [[0, 1], [2, 3], [4, 5]]
     list(resumed)
     assert resumed_sampler.epochs == [2, 2, 3]  # at load time (for early iterators), then at each epoch
-    assert resumed.state_dict() == {"fabric_epoch": 4}
+    assert resumed.state_dict() == {"fabric_epoch": 4, "fabric_mid_epoch": False}
 
 
 def test_dataloader_state_of_a_distributed_sampler_keeps_its_seed():
@@ -439,7 +439,7 @@ def test_dataloader_state_of_a_distributed_sampler_keeps_its_seed():
     data = list(range(8))
     saved = FabricDataLoader(DataLoader(data, sampler=DistributedSampler(data, 2, 1, shuffle=True, seed=5)))
     state = saved.state_dict()
-    assert state == {"fabric_epoch": 0, "fabric_sampler_seed": 5}
+    assert state == {"fabric_epoch": 0, "fabric_mid_epoch": False, "fabric_sampler_seed": 5}
     other = DistributedSampler(data, 2, 1, shuffle=True, seed=0)
     resumed = FabricDataLoader(DataLoader(data, sampler=other))
     resumed.load_state_dict({"fabric_epoch": 3, "fabric_sampler_seed": 5})
@@ -508,7 +508,7 @@ def test_fabric_save_and_load_keep_the_dataloader_epoch(tmp_path):
     list(loader)
     list(loader)
     fabric.save(tmp_path / "ckpt.pt", {"loader": loader, "step": 7}).wait()
-    assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["loader"] == {"fabric_epoch": 2}
+    assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["loader"] == {"fabric_epoch": 2, "fabric_mid_epoch": False}
 
     resumed_sampler = EpochSampler(4)
     resumed = fabric.setup_dataloaders(DataLoader(list(range(4)), sampler=resumed_sampler, batch_size=2))
@@ -576,7 +576,7 @@ def test_a_stateful_loader_is_saved_in_the_references_layout_and_resumes_both_wa
 
     raw = torch.load(tmp_path / "ours.ckpt", weights_only=True)
     assert "_num_yielded" in raw["loader"] and "fabric_epoch" not in raw["loader"]
-    assert raw["__fabric_extra__"] == {"loader": {"fabric_epoch": 1}}
+    assert raw["__fabric_extra__"] == {"loader": {"fabric_epoch": 1, "fabric_mid_epoch": True}}
     # What the reference does with it: the unwrapped loader loads the entry under its key.
     reference_side = _stateful_loader(seed=2)
     reference_side.load_state_dict(raw["loader"])

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 from argparse import Namespace
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import wandb
@@ -222,7 +221,7 @@ class WandbLogger(Logger):
             elif os.path.isdir(target):
                 artifact.add_dir(target)
             else:
-                artifact.add_file(target, name=Path(target).name)
+                artifact.add_file(target, name=os.path.basename(target))
             run.log_artifact(artifact, aliases=aliases)
 
         self._uploads.submit(os.fspath(path), upload)
