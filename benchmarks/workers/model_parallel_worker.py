@@ -1,12 +1,19 @@
-"""Steady steps/s of tensor parallel x FSDP2 on 2 CPU processes (gloo): a raw ``parallelize_module`` + ``fully_shard``
-loop and the same model through ``Fabric(strategy=ModelParallelStrategy(parallelize_fn))``; used by
-sections/model_parallel.py.
+"""One 2-process tensor parallel x FSDP2 training run on CPU (gloo), written raw or through a Fabric; used by
+sections/model_parallel.py (through sections/_data_parallel.py, with the command line and result of ddp_worker.py).
 
-    torchrun --standalone --nproc_per_node 2 benchmarks/workers/model_parallel_worker.py --variants raw,ours
+    torchrun --standalone --nproc_per_node 2 benchmarks/workers/model_parallel_worker.py --impl raw
+    torchrun --standalone --nproc_per_node 2 benchmarks/workers/model_parallel_worker.py --impl ours
+    python benchmarks/workers/model_parallel_worker.py --impl ours          # fabric.launch() starts rank 1
+    torchrun ... benchmarks/workers/model_parallel_worker.py --impl lightning   # lightning-fabric's strategy
+    torchrun ... benchmarks/workers/model_parallel_worker.py --impl interleaved --variants raw,ours,lightning
 
-Both variants live in one job and take turns in short rounds (A B, B A, ...), so each pair of rounds sees the same
-machine. Ours starts the job (it initialises the process group, as a user's script does); the raw loop builds its
-own mesh over that group. Rank 0 prints one result line: steps/s per repetition (from its median round), per variant.
+The same model, data, optimizer and seeds in both: two residual MLP blocks, each split column-then-row over the
+``tensor_parallel`` dimension of a ``(data_parallel=1, tensor_parallel=2)`` device mesh with ``parallelize_module``,
+then ``fully_shard`` over ``data_parallel``; AdamW; the same batch on both ranks (tensor-parallel peers read the same
+data). Raw: ``init_process_group("gloo")``, ``init_device_mesh`` and the plan by hand. Ours: ``Fabric(strategy=
+ModelParallelStrategy(parallelize_fn=..., data_parallel_size=1, tensor_parallel_size=2))``, ``setup_module`` and
+``setup_optimizers``, the ordinary Fabric loop. Lightning: the same through lightning-fabric's
+``ModelParallelStrategy`` (it runs on CPU). Rank 0 prints one result line (see ddp_worker.py).
 """
 
 from __future__ import annotations
@@ -16,16 +23,20 @@ import os
 import sys
 import time
 
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch import nn
+T_PROCESS = time.time()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)  # the repository root, for `benchmarks` when torchrun starts this file
 from benchmarks._common import emit, rotated  # noqa: E402
 
 WIDTH, HIDDEN = 512, 1024
+MESH_SHAPE = (1, 2)  # (data_parallel, tensor_parallel)
+MESH_DIMENSIONS = ("data_parallel", "tensor_parallel")
 
 
 class Block(nn.Module):
@@ -49,45 +60,73 @@ def parallelize(model: nn.Module, mesh) -> nn.Module:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     for block in model:
-        parallelize_module(block, mesh["tensor_parallel"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+        parallelize_module(
+            block, mesh["tensor_parallel"], {"up": ColwiseParallel(), "down": RowwiseParallel()}
+        )
     fully_shard(model, mesh=mesh["data_parallel"])
     return model
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--variants", default="raw,ours")
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--round-steps", type=int, default=3)
-    parser.add_argument("--batch", type=int, default=32)
-    args = parser.parse_args()
+def raw_model() -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The raw script's setup, over the default process group: the 2-D mesh and the plan by hand."""
+    from torch.distributed.device_mesh import init_device_mesh
 
-    from fabric_core import Fabric
-    from fabric_fsdp import ModelParallelStrategy
+    mesh = init_device_mesh("cpu", MESH_SHAPE, mesh_dim_names=MESH_DIMENSIONS)
+    model = parallelize(build_model(), mesh)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
 
-    variants = args.variants.split(",")
-    fabric = Fabric(accelerator="cpu", strategy=ModelParallelStrategy(parallelize), devices=2)
+
+def ours_fabric(impl: str = "ours"):
+    """``Fabric(strategy=ModelParallelStrategy(...))``, launched: ours, or lightning-fabric's (same arguments)."""
+    if impl == "lightning":
+        from lightning_fabric import Fabric
+        from lightning_fabric.strategies import ModelParallelStrategy
+    else:
+        from fabric_core import Fabric
+        from fabric_fsdp import ModelParallelStrategy
+
+    strategy = ModelParallelStrategy(
+        parallelize_fn=parallelize, data_parallel_size=MESH_SHAPE[0], tensor_parallel_size=MESH_SHAPE[1]
+    )
+    fabric = Fabric(accelerator="cpu", strategy=strategy, devices=2)
     fabric.launch()
+    return fabric
+
+
+def ours_model(fabric) -> tuple[nn.Module, torch.optim.Optimizer]:
+    model = fabric.setup_module(build_model())
+    return model, fabric.setup_optimizers(torch.optim.AdamW(model.parameters(), lr=1e-4))
+
+
+def batch(size: int) -> torch.Tensor:
+    return torch.randn(size, WIDTH, generator=torch.Generator().manual_seed(0))  # the same on both ranks
+
+
+def interleaved(args: argparse.Namespace) -> None:
+    """Steady throughput of every variant inside one job, taking turns in short rounds (A B C, B C A, ...).
+
+    Ours starts the job (it initialises the process group, as a user's script does); the raw loop and
+    lightning-fabric build their own meshes over that group.
+    """
+    variants = args.variants.split(",")
+    unknown = set(variants) - {"raw", "ours", "lightning"}
+    if unknown:
+        raise SystemExit(f"model_parallel_worker: unknown variants {sorted(unknown)} (raw, ours, lightning)")
+    fabric = ours_fabric()
     rank, world = fabric.global_rank, fabric.world_size
     runners: dict[str, tuple] = {}
     for v in variants:
-        model = build_model()
         if v == "raw":
-            from torch.distributed.device_mesh import init_device_mesh
-
-            mesh = init_device_mesh("cpu", (1, world), mesh_dim_names=("data_parallel", "tensor_parallel"))
-            model = parallelize(model, mesh)
-            runners[v] = (None, model, torch.optim.AdamW(model.parameters(), lr=1e-4))
+            runners[v] = (None, *raw_model())
         else:
-            model = fabric.setup_module(model)
-            runners[v] = (fabric, model, fabric.setup_optimizers(torch.optim.AdamW(model.parameters(), lr=1e-4)))
-    x = torch.randn(args.batch, WIDTH, generator=torch.Generator().manual_seed(0))  # the same batch: tensor parallel
+            owner = fabric if v == "ours" else ours_fabric(v)  # lightning-fabric joins the same process group
+            runners[v] = (owner, *ours_model(owner))
+    x = batch(args.batch)
 
-    def run(v: str, n: int) -> float:
+    def run(v: str, n: int) -> tuple[float, float]:
+        """``n`` steps of ``v``: (wall seconds, this process's CPU seconds)."""
         owner, model, optimizer = runners[v]
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         for _ in range(n):
             loss = F.mse_loss(model(x), x)
             if owner is None:
@@ -96,21 +135,115 @@ def main() -> None:
                 owner.backward(loss)
             optimizer.step()
             optimizer.zero_grad()
-        return time.perf_counter() - t
+        return time.perf_counter() - t, time.process_time() - c
 
     for v in variants:
         run(v, args.warmup)
     per_rep: dict[str, list[float]] = {v: [] for v in variants}
+    # The same from the process's CPU time (gloo waits for its peer without spinning): what the steps cost this
+    # process, leaving out the moments another process of a shared machine held the core; a cross-check.
+    cpu_per_rep: dict[str, list[float]] = {v: [] for v in variants}
+    # Per repetition and variant: the median over rounds of raw's time / the variant's in the same round (its
+    # relative steps/s), a cross-check less sensitive to load changes between rounds than the median rounds' ratio.
+    round_paired: dict[str, list[float]] = {v: [] for v in variants if v != "raw"}
     for rep in range(args.reps):
         rounds: dict[str, list[float]] = {v: [] for v in variants}
+        cpu_rounds: dict[str, list[float]] = {v: [] for v in variants}
         for r in range(args.rounds):
             for v in rotated(variants, rep * args.rounds + r):
-                rounds[v].append(run(v, args.round_steps))
+                wall, cpu = run(v, args.round_steps)
+                rounds[v].append(wall)
+                cpu_rounds[v].append(cpu)
+        for v in round_paired:
+            paired = sorted(a / b for a, b in zip(rounds["raw"], rounds[v]))
+            round_paired[v].append(paired[len(paired) // 2])
         for v in variants:
             rounds[v].sort()
             per_rep[v].append(args.round_steps / rounds[v][len(rounds[v]) // 2])
+            cpu_rounds[v].sort()
+            cpu_per_rep[v].append(args.round_steps / cpu_rounds[v][len(cpu_rounds[v]) // 2])
+    # Every variant took the same steps from the same weights and data: their losses now agree (a check that
+    # both train the same thing, shown beside the numbers).
+    with torch.no_grad():
+        losses = {v: float(F.mse_loss(runners[v][1](x), x)) for v in variants}
     if rank == 0:
-        emit({"steps_per_s": per_rep, "threads": torch.get_num_threads(), "world_size": world})
+        emit(
+            {
+                "steps_per_s": per_rep,
+                "round_paired_ratios": round_paired,
+                "cpu_steps_per_s": cpu_per_rep,
+                "threads": torch.get_num_threads(),
+                "world_size": world,
+                "final_loss": losses,
+            }
+        )
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--impl", choices=("raw", "ours", "lightning", "interleaved"), required=True)
+    parser.add_argument("--strategy", choices=("model_parallel",), default="model_parallel")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--variants", default="raw,ours", help="interleaved: which variants take turns")
+    parser.add_argument("--reps", type=int, default=5, help="interleaved: repetitions")
+    parser.add_argument("--rounds", type=int, default=10, help="interleaved: rounds per repetition")
+    parser.add_argument("--round-steps", type=int, default=3, help="interleaved: steps per variant and round")
+    args = parser.parse_args()
+    if args.impl == "interleaved":
+        interleaved(args)
+        return
+    t0 = float(os.environ.get("BENCH_T0", T_PROCESS))
+    t_imported = time.time()
+
+    fabric = None
+    if args.impl == "raw":
+        dist.init_process_group("gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        model, optimizer = raw_model()
+    else:
+        fabric = ours_fabric(args.impl)
+        rank, world = fabric.global_rank, fabric.world_size
+        model, optimizer = ours_model(fabric)
+    t_setup = time.time()
+
+    x = batch(args.batch)
+    t_first = 0.0
+    durations = []
+    for i in range(args.warmup + args.steps):
+        t_step = time.perf_counter()
+        loss = F.mse_loss(model(x), x)
+        if fabric is None:
+            loss.backward()
+        else:
+            fabric.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        if i == 0:
+            t_first = time.time()
+        if i >= args.warmup:
+            durations.append(time.perf_counter() - t_step)
+    durations.sort()
+    median_step = durations[len(durations) // 2]
+
+    if rank == 0:
+        emit(
+            {
+                "impl": args.impl,
+                "strategy": args.strategy,
+                "world_size": world,
+                "threads": torch.get_num_threads(),
+                "imported_s": t_imported - t0,
+                "setup_s": t_setup - t0,
+                "first_step_s": t_first - t0,
+                "steady_steps_per_s": 1.0 / median_step,
+                "mean_steps_per_s": len(durations) / sum(durations),
+                "final_loss": float(loss.detach()),
+            }
+        )
     dist.barrier()
     dist.destroy_process_group()
 

@@ -174,7 +174,7 @@ def test_a_hung_first_step_job_is_recorded_and_left_out_of_the_pairs(monkeypatch
 
     calls: list[list[str]] = []
 
-    def job(variant: str, args: list[str], timeout: float) -> dict[str, Any]:
+    def job(strategy: str, variant: str, args: list[str], timeout: float) -> dict[str, Any]:
         calls.append(args)
         if args[1] == "interleaved":
             return {"steps_per_s": {"raw": [10.0, 11.0], "ours": [10.0, 11.0]}, "threads": 1}
