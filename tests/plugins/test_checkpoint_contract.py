@@ -33,6 +33,15 @@ WORKER = textwrap.dedent(
     elif kind.startswith("fsdp"):
         from fabric_fsdp import FSDPStrategy
         fabric = Fabric(accelerator="cpu", strategy=FSDPStrategy(state_dict_type=kind.split("_")[1]), devices=2)
+    elif kind == "model_parallel":
+        from fabric_fsdp import ModelParallelStrategy
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        def parallelize(model, mesh):  # Megatron-style: the first layer by columns, the last by rows
+            return parallelize_module(model, mesh["tensor_parallel"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+
+        strategy = ModelParallelStrategy(parallelize, data_parallel_size=1, tensor_parallel_size=2)
+        fabric = Fabric(accelerator="cpu", strategy=strategy, devices=2)
     elif kind.startswith("deepspeed"):
         from fabric_deepspeed import DeepSpeedStrategy
         fabric = Fabric(accelerator="cpu", strategy=DeepSpeedStrategy(stage=2), devices=int(os.environ["WORLD_SIZE"]))
@@ -44,7 +53,7 @@ WORKER = textwrap.dedent(
         if location.is_file():
             with location.open("rb") as file:
                 return torch.load(file, map_location="cpu", weights_only=True)["step"]
-        if kind.startswith("fsdp"):
+        if kind.startswith("fsdp") or kind == "model_parallel":
             from fabric_fsdp import load_sharded_checkpoint
             return load_sharded_checkpoint(path)["step"]
         from fabric_deepspeed import load_deepspeed_checkpoint
@@ -77,12 +86,13 @@ CASES = {
     "ddp": 2,
     "fsdp_full": 2,
     "fsdp_sharded": 2,
+    "model_parallel": 2,
     "deepspeed": 2,
 }
 
 
 def _plugin_of(kind):
-    if kind.startswith("fsdp"):
+    if kind.startswith("fsdp") or kind == "model_parallel":
         pytest.importorskip("fabric_fsdp")
     if kind.startswith("deepspeed"):
         pytest.importorskip("fabric_deepspeed")
