@@ -35,6 +35,12 @@ _LAUNCH_VARS = (
     "MASTER_PORT", "OMP_NUM_THREADS", "PL_GLOBAL_SEED", "PL_SEED_WORKERS", "SLURM_NTASKS", "SLURM_JOB_NAME",
     "LSB_JOBID", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
 )  # fmt: skip
+#: Handles to services a test process started in itself, which a job must not share. ``WANDB_SERVICE`` is the socket of
+#: the wandb service that an in-process wandb test left running in this pytest worker: a job that inherits it sends its
+#: run there instead of starting its own service, and its exit no longer waits for the run's file to be complete (the
+#: job ends while the worker's service still writes it: a ``wandb leet inspect`` right after reads a run still
+#: "running", without records it was sent; seen as a missing config key under load).
+_SERVICE_VARS = ("WANDB_SERVICE",)
 
 
 #: Where handed-out ports are recorded, shared by every test process on this machine (xdist workers, stress runs).
@@ -103,7 +109,7 @@ def job_env(**extra: str) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in _LAUNCH_VARS and not k.startswith(("FABRIC_", "TORCHELASTIC_", "PYTEST_", "SLURM_", "OMPI_", "PMI_"))
+        if k not in _LAUNCH_VARS and k not in _SERVICE_VARS and not k.startswith(("FABRIC_", "TORCHELASTIC_", "PYTEST_", "SLURM_", "OMPI_", "PMI_"))
     }
     env["PYTHONUNBUFFERED"] = "1"
     # Our launchers' rendezvous port when nothing else fixes it (instead of a port from the ephemeral range).

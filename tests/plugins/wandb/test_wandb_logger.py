@@ -141,5 +141,6 @@ def test_the_wandb_sdks_own_fabric_logger_is_accepted(tmp_path):
     summary, records = inspect_run(path)
     run_records = [r["run"] for r in records if r["type"] == "run"]
     assert run_records and run_records[0]["project"] == "sdk", (summary, run_records)
+    assert (summary["state"], summary["exit_code"]) == ("finished", 0)  # closed by wandb's own exit hook in the job
     assert summary["config"]["lr"] == 0.1
     assert [row["trainer/global_step"] for row in history(records) if "loss" in row] == [0, 1, 2]
