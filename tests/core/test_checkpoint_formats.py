@@ -144,3 +144,65 @@ def test_the_documented_sharded_format_at_an_s3_url(tmp_path, monkeypatch):
     finally:
         server.stop()
 
+
+
+FAILING_WORKER = textwrap.dedent(
+    """
+    import json, sys, traceback
+    from pathlib import Path
+    sys.path.insert(0, sys.argv[2])
+    import torch
+    from fabric_core import Fabric
+    from fabric_mything.checkpoint import PerRankFormat
+    from fabric_mything.strategy import PerRankStrategy
+
+    class FailsOnRankOne(PerRankFormat):
+        def write(self, location, state, context, **kwargs):
+            def write_parts(folder):
+                if self.rank == 1:
+                    raise_disk_full(folder)
+                with folder.child(f"rank-{self.rank}.pt").open("wb") as file:
+                    torch.save(context.state_to_save(state, None), file)
+
+            from fabric_core.io.commit import commit_directory
+            commit_directory(location, write_parts, context.coordinator)
+
+    def raise_disk_full(folder):
+        raise OSError(28, "No space left on device (planned, rank 1)")
+
+    class Strategy(PerRankStrategy):
+        def checkpoint_format(self):
+            return FailsOnRankOne(self.global_rank)
+
+    out, target = Path(sys.argv[1]), sys.argv[3]
+    fabric = Fabric(accelerator="cpu", strategy=Strategy(), devices=2)
+    fabric.launch()
+    try:
+        fabric.save(target, {"model": torch.nn.Linear(2, 2), "step": 1})
+        row = {"raised": None}
+    except Exception as err:
+        row = {"raised": type(err).__name__, "message": str(err), "notes": getattr(err, "__notes__", []),
+               "traceback": traceback.format_exception(err)}
+    row["left_beside"] = sorted(p.name for p in Path(target).parent.iterdir())
+    json.dump(row, open(out / f"failing{fabric.global_rank}.json", "w"))
+    """
+)
+
+
+def test_a_rank_whose_write_fails_raises_its_own_error_and_the_others_name_it(tmp_path):
+    """publish_together after rank 1's part failed: rank 1 raises its own OSError (traceback down to the write),
+    rank 0 a CheckpointSaveError that says rank 1 failed and why; nothing is published, nothing staged is left."""
+    site = _example_package(tmp_path)
+    worker = tmp_path / "failing_worker.py"
+    worker.write_text(FAILING_WORKER)
+    target = tmp_path / "ckpts" / "step-1"
+    target.parent.mkdir()
+    run_ranks(worker, str(tmp_path), str(site), str(target), timeout=180, tmp_path=tmp_path)
+    rank0, rank1 = (read_json(tmp_path / f"failing{r}.json") for r in (0, 1))
+    assert rank1["raised"] == "OSError" and "No space left on device (planned, rank 1)" in rank1["message"]
+    assert "raise_disk_full" in "".join(rank1["traceback"])  # its own traceback, down to where the write failed
+    assert rank1["notes"] == []  # no other rank failed
+    assert rank0["raised"] == "CheckpointSaveError", rank0
+    assert f"Saving the checkpoint {str(target)!r} failed on rank 1: OSError: [Errno 28] No space left on device" in rank0["message"]
+    assert "Nothing was published" in rank0["message"]
+    assert rank0["left_beside"] == rank1["left_beside"] == []  # the staged folder was removed, nothing published

@@ -19,7 +19,7 @@ from fabric_core.utilities.lazy import lazy_exports
 if TYPE_CHECKING:
     from fabric_core.io.checkpoint_io import CheckpointIO, TorchCheckpointIO
     from fabric_core.io.commit import atomic_save
-    from fabric_core.io.errors import CheckpointPathError, CheckpointReadError
+    from fabric_core.io.errors import CheckpointPathError, CheckpointReadError, CheckpointSaveError
     from fabric_core.io.format import CheckpointFormat, FormatContext
     from fabric_core.io.lazy import lazy_load
     from fabric_core.io.location import CheckpointLocation
@@ -30,6 +30,7 @@ __all__ = [
     "CheckpointLocation",
     "CheckpointPathError",
     "CheckpointReadError",
+    "CheckpointSaveError",
     "FormatContext",
     "TorchCheckpointIO",
     "atomic_save",
@@ -46,6 +47,7 @@ __getattr__, __dir__ = lazy_exports(
         "CheckpointLocation": "fabric_core.io.location",
         "CheckpointPathError": "fabric_core.io.errors",
         "CheckpointReadError": "fabric_core.io.errors",
+        "CheckpointSaveError": "fabric_core.io.errors",
         "FormatContext": "fabric_core.io.format",
         "TorchCheckpointIO": "fabric_core.io.checkpoint_io",
         "atomic_save": "fabric_core.io.commit",

@@ -482,9 +482,9 @@ def commit_directory(
     3. On every rank, whatever happened (an error here or on another rank, a failed collective because a rank
        died, ``KeyboardInterrupt``), the staged folder is removed unless it was published.
 
-    When this returns on every rank, the checkpoint is at ``target``. The error of this rank is raised; if only
-    another rank failed, a ``RuntimeError`` says so. The previous checkpoint at ``target`` is untouched by a failed
-    save.
+    When this returns on every rank, the checkpoint is at ``target``. The error of this rank is raised (its own
+    traceback); if only other ranks failed, a ``CheckpointSaveError`` names them and their errors. The previous
+    checkpoint at ``target`` is untouched by a failed save.
     """
     staged = _stage(CheckpointLocation.of(target), coordinator)
     error: Exception | None = None

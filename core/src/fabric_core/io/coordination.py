@@ -7,8 +7,11 @@ an object store marked committed) ends the same way, implemented by :func:`publi
 2. only if every rank succeeded, global rank 0 publishes (swaps the directory in, writes the marker);
 3. all ranks vote again, so every rank learns whether the publishing step worked.
 
-Every rank then returns (published) or raises: its own error, or a ``RuntimeError`` saying that another rank
-failed. A rank that dies makes the collectives fail on the others, which raise that failure.
+Every rank then returns (published) or raises. After a failed vote the ranks exchange their errors' text (one
+object all-gather, only on this path): a rank whose own write or publish failed raises that very error (its
+traceback intact, a note naming any other rank that failed too); the others raise :class:`CheckpointSaveError`
+naming which rank failed and why. A rank that dies makes the collectives fail on the others, which raise that
+failure.
 """
 
 from __future__ import annotations
@@ -16,7 +19,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["Coordinator", "publish_together"]
+from fabric_core.io.errors import CheckpointSaveError
+
+__all__ = ["CheckpointSaveError", "Coordinator", "publish_together"]
+
+#: How much of an error's text travels to the other ranks (a long message is cut there).
+_MAX_ERROR_TEXT = 2000
 
 
 class Coordinator(Protocol):
@@ -33,13 +41,16 @@ class Coordinator(Protocol):
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool: ...
 
+    def all_gather_object(self, obj: Any) -> list[Any]: ...
+
 
 def publish_together(error: Exception | None, coordinator: Coordinator, publish: Callable[[], None], target: str) -> None:
     """Vote on ``error``; if no rank failed, run ``publish`` on global rank 0; vote again. Raise unless published.
 
     ``error`` is this rank's failure while writing its part (``None``: written). Returns on every rank once the
-    checkpoint is published; otherwise raises this rank's error, or a ``RuntimeError`` naming ``target`` when only
-    another rank failed. The caller removes what it staged when this raises.
+    checkpoint is published; otherwise raises this rank's own error, or a :class:`CheckpointSaveError` naming the
+    rank that failed, its error and ``target`` when only other ranks failed. The caller removes what it staged when
+    this raises.
     """
     if coordinator.reduce_boolean_decision(error is None, all=True):
         try:
@@ -49,9 +60,32 @@ def publish_together(error: Exception | None, coordinator: Coordinator, publish:
             error = err
         if coordinator.reduce_boolean_decision(error is None, all=True):
             return
+    failed = _gather_failures(coordinator, error)
     if error is not None:
+        if len(failed) > 1:
+            error.add_note(f"Saving {target!r} failed on more than this rank: " + "; ".join(f"rank {r}: {t}" for r, t in failed))
         raise error
-    raise RuntimeError(
-        f"Saving the checkpoint {target!r} failed on another rank (see its error); the previous checkpoint, if any,"
-        " was left untouched."
+    reasons = "; ".join(f"rank {rank}: {text}" for rank, text in failed) or "a rank that did not say why"
+    raise CheckpointSaveError(
+        f"Saving the checkpoint {target!r} failed on {reasons}. Nothing was published; the previous checkpoint at"
+        " that path, if any, was left untouched."
     )
+
+
+def _gather_failures(coordinator: Coordinator, error: Exception | None) -> list[tuple[int, str]]:
+    """``(rank, error text)`` of every rank that failed. Every rank calls it together (the votes agreed), after a
+    failed vote only. If the exchange itself fails (a rank died meanwhile) or the coordinator cannot gather objects
+    (one written for an older version of this protocol), the ranks still raise what they know."""
+    gather = getattr(coordinator, "all_gather_object", None)
+    if gather is None:
+        return []
+    try:
+        texts = gather(None if error is None else _describe(error))
+    except Exception:
+        return []
+    return [(rank, text) for rank, text in enumerate(texts) if text is not None]
+
+
+def _describe(error: BaseException) -> str:
+    text = f"{type(error).__name__}: {error}"
+    return text if len(text) <= _MAX_ERROR_TEXT else text[: _MAX_ERROR_TEXT - 3] + "..."

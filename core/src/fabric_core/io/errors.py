@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CheckpointPathError", "CheckpointReadError", "checkpoint_path_error"]
+__all__ = ["CheckpointPathError", "CheckpointReadError", "CheckpointSaveError", "checkpoint_path_error"]
 
 
 class CheckpointPathError(FileNotFoundError, ValueError):
     """Nothing (or nothing loadable) at the path given to ``fabric.load``: a ``FileNotFoundError``, and the
     reference's ``ValueError``, so code written for either catches it."""
+
+
+class CheckpointSaveError(RuntimeError):
+    """A save that several ranks write failed on another rank: the message names the rank(s) and their errors (the
+    failing rank raises its own error). Nothing was published; the previous checkpoint at the path is untouched."""
 
 
 class CheckpointReadError(RuntimeError):

@@ -433,9 +433,15 @@ class Strategy(ABC):
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         """Send a picklable object from rank ``src`` to every process."""
 
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every process's picklable ``obj``, in rank order, on every process; call it on every rank. Used where
+        ranks must learn what each other saw (which rank's checkpoint write failed, and why). This default sends each
+        rank's object with :meth:`broadcast` in turn; the collectives classes do it in one exchange."""
+        return [self.broadcast(obj if rank == self.global_rank else None, src=rank) for rank in range(self.world_size)]
+
     def checkpoint_coordinator(self) -> Coordinator:
         """What the background thread agrees over when it finishes an asynchronous multi-rank save: an object with
-        ``is_global_zero``, ``broadcast`` and ``reduce_boolean_decision`` whose collectives do not interfere with the
+        ``is_global_zero``, ``broadcast``, ``reduce_boolean_decision`` and ``all_gather_object`` whose collectives do not interfere with the
         training loop's (one process: this strategy). Call it on every rank at the same point."""
         return self
 

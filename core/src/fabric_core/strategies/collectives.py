@@ -76,3 +76,7 @@ class OneProcessCollectives(Collectives):
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         """The only process's decision."""
         return decision
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """``[obj]``: the only process's object."""
+        return [obj]

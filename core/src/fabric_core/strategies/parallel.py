@@ -19,7 +19,7 @@ from torch import Tensor
 from fabric_core.strategies.collectives import Collectives, check_broadcast_src
 from fabric_core.strategies.layout import ProcessPerDevice
 from fabric_core.utilities import rank_zero
-from fabric_core.utilities.object_collectives import broadcast_object
+from fabric_core.utilities.object_collectives import all_gather_object, broadcast_object
 from fabric_core.utilities.process_group import release_at_exit
 from fabric_core.utilities.topology import export_rendezvous, threads_per_process
 
@@ -264,6 +264,13 @@ class ProcessGroupCollectives(Collectives):
         gloo = self.get_process_group_backend() == "gloo"
         return broadcast_object(obj, src=src, device=torch.device("cpu") if gloo else self.root_device)
 
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every process's picklable ``obj``, in rank order, in two all-gathers (sizes, then bytes; no numpy)."""
+        if not self._ready():
+            return [obj]
+        gloo = self.get_process_group_backend() == "gloo"
+        return all_gather_object(obj, device=torch.device("cpu") if gloo else self.root_device)
+
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         """The vote in one small all-reduce (no shape check: every rank sends one number)."""
         if not self._ready():
@@ -363,7 +370,8 @@ class ParallelStrategy(ProcessGroupCollectives, ProcessPerDevice):
 
 
 class _GroupCoordinator:
-    """``is_global_zero``, ``broadcast`` and ``reduce_boolean_decision`` over one process group (``None``: alone)."""
+    """``is_global_zero``, ``broadcast``, ``reduce_boolean_decision`` and ``all_gather_object`` over one process group
+    (``None``: alone)."""
 
     def __init__(self, group: Any, is_global_zero: bool, device: torch.device) -> None:
         self.group = group
@@ -374,6 +382,11 @@ class _GroupCoordinator:
         if self.group is None:
             return obj
         return broadcast_object(obj, src=src, group=self.group)
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        if self.group is None:
+            return [obj]
+        return all_gather_object(obj, group=self.group)
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         if self.group is None:
