@@ -23,9 +23,12 @@ WORKER = textwrap.dedent(
     import torch
     import torch.distributed as dist
     from fabric_core import Fabric
+    from fabric_core.strategies import ParallelStrategy
     from fabric_core.utilities.object_collectives import all_gather_object, broadcast_object
 
-    fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp")
+    # The core's own process-group strategy: this runs wherever fabric-core is installed (the XLA lane has no
+    # fabric-ddp); `strategy="ddp"` takes the same path.
+    fabric = Fabric(accelerator="cpu", devices=2, strategy=ParallelStrategy())
     fabric.launch()
     rank = fabric.global_rank
     result = {}

@@ -175,7 +175,9 @@ def test_bad_arguments() -> None:
 
 
 def test_monitor_needs_a_launched_fabric() -> None:
-    fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp")
+    from fabric_core.strategies import ParallelStrategy
+
+    fabric = Fabric(accelerator="cpu", devices=2, strategy=ParallelStrategy())  # the core's (no fabric-ddp needed)
     with pytest.raises(RuntimeError, match="you must call `.launch\\(\\)`"):
         ThroughputMonitor(fabric)
 
