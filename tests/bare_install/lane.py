@@ -176,8 +176,9 @@ def seeds_calls(strategy: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FABRIC_", "PL_", "LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_"))}
     env["PYTHONUNBUFFERED"] = "1"
     output = run([str(PY), str(SCENARIO), strategy, str(out)], timeout=RUN_TIMEOUT, env=env)
-    oks = [line for line in output.splitlines() if "seeds-calls ok" in line]
-    if len(oks) != 2:
+    # Both ranks write to one pipe, so their lines may interleave: look for each rank's marker, not whole lines.
+    oks = sorted(re.findall(r"\[rank (\d+)\] seeds-calls ok", output))
+    if oks != ["0", "1"]:
         print(output)
         raise LaneError(f"{strategy}: expected both ranks to report success, got {oks}")
     print("\n".join(oks), flush=True)

@@ -100,7 +100,9 @@ def main() -> None:
     fabric.load_raw(raw, target)
     assert same(weights(target), weights(plain)), "load_raw did not load the plain state dict"
 
-    print(f"[rank {rank}] seeds-calls ok ({strategy}, numpy importable: {_has_numpy()})", flush=True)
+    # One write (print() writes the text and its newline separately), so the other rank's line cannot split it.
+    sys.stdout.write(f"[rank {rank}] seeds-calls ok ({strategy}, numpy importable: {_has_numpy()})\n")
+    sys.stdout.flush()
 
 
 def _has_numpy() -> bool:
