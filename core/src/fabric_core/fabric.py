@@ -13,7 +13,7 @@ from collections.abc import Callable, Generator, Iterable, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor
@@ -23,11 +23,6 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from fabric_core import connector
 from fabric_core.accelerators.base import Accelerator
-from fabric_core.io import background
-from fabric_core.io.background import CheckpointHandle
-from fabric_core.io.location import CheckpointLocation
-from fabric_core.io.retention import prune, series_pattern
-from fabric_core.io.state import is_stateful
 from fabric_core.loggers.base import Logger, finalize_logger
 from fabric_core.strategies.base import Strategy
 from fabric_core.strategies.layout import declares_data_parallel
@@ -54,6 +49,9 @@ from fabric_core.wrappers import (
     unwrap_compiled,
     unwrap_objects,
 )
+
+if TYPE_CHECKING:
+    from fabric_core.io.background import CheckpointHandle
 
 
 def _do_nothing(*_: Any, **__: Any) -> None:
@@ -673,6 +671,12 @@ class Fabric:
             for key, fn in filter.items():
                 if not callable(fn):
                     raise TypeError(f"Expected `fabric.save(filter=...)` for key {key!r} to be a callable, given {fn!r}")
+        # The checkpoint modules are imported by the calls that use them: `import fabric_core` and `Fabric(...)`
+        # stay cheap for a script that never saves.
+        from fabric_core.io import background
+        from fabric_core.io.location import CheckpointLocation
+        from fabric_core.io.retention import prune, series_pattern
+
         self._validate_launched()
         location = CheckpointLocation.of(path)  # decided once: a local path or a URL
         location.check_reachable_by(self.world_size)
@@ -705,6 +709,10 @@ class Fabric:
         Loading is safe by default (only tensors and plain containers); pass ``weights_only=False`` for a trusted
         checkpoint that holds arbitrary Python objects.
         """
+        from fabric_core.io import background
+        from fabric_core.io.location import CheckpointLocation
+        from fabric_core.io.state import is_stateful
+
         self._validate_launched()
         report_progress()
         location = CheckpointLocation.of(path)  # decided once: a local path or a URL
@@ -756,6 +764,9 @@ class Fabric:
 
     def load_raw(self, path: str | Path, obj: Module | Optimizer, strict: bool = True, *, weights_only: bool | None = None) -> None:
         """Load a plain PyTorch checkpoint (a state dict) into a module or optimizer."""
+        from fabric_core.io import background
+        from fabric_core.io.location import CheckpointLocation
+
         location = CheckpointLocation.of(path)  # decided once: a local path or a URL
         background.wait(location)
         obj = unwrap_objects(obj)

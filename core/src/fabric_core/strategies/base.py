@@ -25,10 +25,6 @@ from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
 
-from fabric_core.io import background
-from fabric_core.io.format import CheckpointFormat, FormatContext, format_for_loading
-from fabric_core.io.location import CheckpointLocation
-from fabric_core.io.single_file import SingleFileFormat
 from fabric_core.io.snapshot import SnapshotBuffers
 from fabric_core.io.state import PRECISION_STATE_KEY, Filter
 from fabric_core.precision.base import Precision
@@ -40,7 +36,8 @@ if TYPE_CHECKING:
     from fabric_core.io.background import CheckpointHandle
     from fabric_core.io.checkpoint_io import CheckpointIO
     from fabric_core.io.coordination import Coordinator
-    from fabric_core.io.format import FindReader
+    from fabric_core.io.format import CheckpointFormat, FindReader, FormatContext
+    from fabric_core.io.location import CheckpointLocation
     from fabric_core.launchers.base import Launcher
 
 __all__ = ["PRECISION_STATE_KEY", "REDUCE_OPS", "BackwardSyncControl", "Strategy", "check_reduce_op"]
@@ -288,6 +285,8 @@ class Strategy(ABC):
     def teardown(self) -> None:
         """Release what the strategy holds, after the saves still finishing in the background (their errors are
         raised here, and no thread of ours is left)."""
+        from fabric_core.io import background  # deferred: only saving and loading need the checkpoint modules
+
         background.wait_all()
         self.precision.teardown()
         if self.accelerator is not None:
@@ -504,6 +503,8 @@ class Strategy(ABC):
         the coordinator, the module and optimizer state adapters (the four methods above), the precision's state,
         and the reader lookup. Override to hand a format something else (fabric-fsdp hands full-state adapters);
         call it on every rank."""
+        from fabric_core.io.format import FormatContext
+
         return FormatContext(
             coordinator=self,
             world_size=self.world_size,
@@ -520,12 +521,16 @@ class Strategy(ABC):
     def checkpoint_format(self) -> CheckpointFormat:
         """The format ``fabric.save`` writes: by default one file, through :attr:`checkpoint_io`, from global rank 0
         (:class:`~fabric_core.io.single_file.SingleFileFormat`). A sharding strategy returns its own."""
+        from fabric_core.io.single_file import SingleFileFormat
+
         return SingleFileFormat(self.checkpoint_io, self._snapshot_buffers)
 
     def checkpoint_formats(self) -> list[CheckpointFormat]:
         """The formats this strategy loads, asked in order which recognises a path; the last one (the single file)
         takes whatever is not a folder. Folders of formats not listed are read whole through the installed plugin
         that recognises them (``fabric_select_checkpoint_reader``)."""
+        from fabric_core.io.single_file import SingleFileFormat
+
         return [SingleFileFormat(self.checkpoint_io, self._snapshot_buffers)]
 
     def save_checkpoint(
@@ -536,6 +541,8 @@ class Strategy(ABC):
         filter: Filter | None = None,
     ) -> None:
         """Write ``state`` at ``path`` in :meth:`checkpoint_format`; on return (on every rank) it is complete there."""
+        from fabric_core.io.location import CheckpointLocation
+
         location = CheckpointLocation.of(path)
         self.checkpoint_format().write(
             location, state, self.checkpoint_context(), filter=filter, storage_options=storage_options
@@ -550,6 +557,8 @@ class Strategy(ABC):
     ) -> CheckpointHandle:
         """Snapshot ``state`` now and finish the save in the background (:meth:`CheckpointFormat.write_async`);
         returns the save's handle (at its ``wait()`` the checkpoint is at ``path`` and durable)."""
+        from fabric_core.io.location import CheckpointLocation
+
         location = CheckpointLocation.of(path)
         return self.checkpoint_format().write_async(
             location, state, self.checkpoint_context(), filter=filter, storage_options=storage_options
@@ -557,6 +566,9 @@ class Strategy(ABC):
 
     def read_checkpoint(self, path: CheckpointLocation | str | Path, weights_only: bool | None = None) -> dict[str, Any]:
         """Read a whole checkpoint into a dict in this process: a file memory-mapped, a folder through its format."""
+        from fabric_core.io.format import format_for_loading
+        from fabric_core.io.location import CheckpointLocation
+
         location = CheckpointLocation.of(path)
         checkpoint_format = format_for_loading(location, self.checkpoint_formats(), self._find_checkpoint_reader)
         return checkpoint_format.read(location, weights_only=weights_only)
@@ -570,6 +582,9 @@ class Strategy(ABC):
     ) -> dict[str, Any]:
         """Restore ``state`` in place from ``path`` and return what the checkpoint holds beyond it, through the
         format that recognises ``path`` (:func:`~fabric_core.io.format.format_for_loading`)."""
+        from fabric_core.io.format import format_for_loading
+        from fabric_core.io.location import CheckpointLocation
+
         location = CheckpointLocation.of(path)
         checkpoint_format = format_for_loading(location, self.checkpoint_formats(), self._find_checkpoint_reader)
         return checkpoint_format.load(
