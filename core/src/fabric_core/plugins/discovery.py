@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import pathlib
 import sys
 import warnings
 from collections.abc import Iterable, Iterator
@@ -74,6 +75,19 @@ def _dist_of(ep: Any) -> tuple[str, str | None]:
     return name_and_version(dist) if dist is not None else (ep.name, None)
 
 
+def _read_entry_points_text(dist: Any) -> str | None:
+    """``dist.read_text("entry_points.txt")``; for a metadata folder on disk read with ``open`` directly, which is
+    about twice as fast as the pathlib call (most of the hundred distributions have no such file)."""
+    path = getattr(dist, "_path", None)
+    if not isinstance(path, pathlib.Path):  # e.g. a distribution inside a zip file
+        return dist.read_text("entry_points.txt")
+    try:
+        with open(os.path.join(path, "entry_points.txt"), encoding="utf-8") as file:
+            return file.read()
+    except OSError:  # no such file, or not readable: what `read_text` answers with None
+        return None
+
+
 def _group_entry_points() -> list[Any]:
     """``importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)``, without parsing every distribution's entry points.
 
@@ -94,7 +108,7 @@ def _group_entry_points() -> list[Any]:
         if name in seen:
             continue
         seen.add(name)
-        text = dist.read_text("entry_points.txt")
+        text = _read_entry_points_text(dist)
         if text and header in text:
             found.extend(dist.entry_points.select(group=ENTRY_POINT_GROUP))
     return found

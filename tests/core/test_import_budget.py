@@ -1,0 +1,63 @@
+"""What ``import fabric_core`` + ``Fabric(accelerator="cpu")`` imports stays small (the import budget, issue 20 item 8).
+
+The time itself is measured by ``benchmarks/sections/startup.py``, side by side with a bare ``import torch``; here
+the modules deferred to the calls that need them are checked to stay deferred.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from importlib.metadata import entry_points
+
+from fabric_core.plugins.discovery import _group_entry_points
+from fabric_core.plugins.registry import ENTRY_POINT_GROUP
+
+#: Imported only by a save, a load or a logger that is used: none of them by constructing a Fabric.
+DEFERRED = (
+    "fabric_core.io.background",
+    "fabric_core.io.commit",
+    "fabric_core.io.format",
+    "fabric_core.io.location",
+    "fabric_core.io.retention",
+    "fabric_core.io.single_file",
+    "fabric_core.loggers.csv",
+    "fabric_core.loggers.tensorboard",
+)
+
+
+def test_constructing_a_fabric_defers_the_checkpoint_and_logger_modules(tmp_path):
+    code = textwrap.dedent(
+        f"""
+        import json, sys
+        import torch
+        from fabric_core import Fabric
+        fabric = Fabric(accelerator="cpu")
+        deferred = {DEFERRED!r}
+        before = sorted(m for m in deferred if m in sys.modules)
+        fabric.save({str(tmp_path / "ckpt.pt")!r}, {{"model": torch.nn.Linear(2, 2)}})
+        fabric.load({str(tmp_path / "ckpt.pt")!r})
+        from fabric_core.loggers import CSVLogger
+        after = sorted(m for m in deferred if m in sys.modules)
+        print(json.dumps([before, after]))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    before, after = json.loads(done.stdout.strip().splitlines()[-1])
+    assert before == []
+    # Saving, loading and a logger do import them: the check above can see an import.
+    assert set(after) >= {"fabric_core.io.background", "fabric_core.io.location", "fabric_core.loggers.csv"}
+
+
+def test_entry_point_scan_finds_what_importlib_metadata_finds():
+    """The scan that parses only the files naming the group finds the same entry points (every installed plugin)."""
+
+    def key(ep):
+        return ep.name, ep.value, ep.dist.name if ep.dist is not None else None
+
+    standard = sorted(map(key, entry_points(group=ENTRY_POINT_GROUP)))
+    assert standard, "no fabric plugin is installed in this environment"
+    assert sorted(map(key, _group_entry_points())) == standard
