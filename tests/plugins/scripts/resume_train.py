@@ -3,7 +3,8 @@
 
     python resume_train.py OUTDIR KILL_AT
 
-In the first attempt rank 1 SIGKILLs itself right after step KILL_AT (-1: never), between two checkpoints. Every
+In the first attempt rank 1 SIGKILLs itself right after step KILL_AT (-1: never), between two checkpoints, and
+leaves ``killed.txt`` just before. Every
 attempt starts from scratch, finds the newest committed checkpoint (``fabric.latest_checkpoint``) and continues
 from it: model, optimizer, the loader's position in the middle of an epoch (torchdata's ``StatefulDataLoader``), every
 rank's random generators (dropout) and the step. Writes ``attempt<A>.json`` (where it resumed from) and, at the end,
@@ -56,6 +57,7 @@ while state["step"] < TOTAL_STEPS:
         optimizer.step()
         state["step"] += 1
         if attempt == 0 and fabric.global_rank == 1 and state["step"] == KILL_AT:
+            (OUT / "killed.txt").write_text(f"rank 1 SIGKILLs itself after step {KILL_AT}")
             os.kill(os.getpid(), signal.SIGKILL)
         if state["step"] % SAVE_EVERY == 0:
             fabric.save(OUT / "ckpts" / f"step-{state['step']:04d}.ckpt", state, keep_last=2)
