@@ -23,12 +23,9 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from fabric_core import connector
 from fabric_core.accelerators.base import Accelerator
-from fabric_core.loggers.base import Logger, finalize_logger
 from fabric_core.strategies.base import Strategy
-from fabric_core.strategies.layout import declares_data_parallel
 from fabric_core.utilities import failures
 from fabric_core.utilities.apply import apply_to_collection, convert_tensors_to_scalars, convert_to_tensors
-from fabric_core.utilities.dtensor import has_dtensor_parameters, to_full_tensor
 from fabric_core.utilities.hang import report_progress, start_watchdog
 from fabric_core.utilities.parameters import (
     ParameterPlaces,
@@ -52,10 +49,19 @@ from fabric_core.wrappers import (
 
 if TYPE_CHECKING:
     from fabric_core.io.background import CheckpointHandle
+    from fabric_core.loggers.base import Logger
 
 
 def _do_nothing(*_: Any, **__: Any) -> None:
     pass
+
+
+def _shards_without_data_parallel_ranks(strategy: Strategy, module: Module) -> bool:
+    """Sharded (DTensor) parameters from a multi-process strategy that does not say which ranks share data."""
+    from fabric_core.strategies.layout import declares_data_parallel
+    from fabric_core.utilities.dtensor import has_dtensor_parameters
+
+    return not declares_data_parallel(strategy) and has_dtensor_parameters(module)
 
 
 class Fabric:
@@ -234,6 +240,10 @@ class Fabric:
 
     def _finalize_loggers(self, status: str) -> list[Exception]:
         """Finalize every logger (those without ``finalize`` are skipped); returns the errors they raised."""
+        if not self._loggers:
+            return []
+        from fabric_core.loggers.base import finalize_logger
+
         errors = [finalize_logger(logger, status) for logger in self._loggers]
         return [err for err in errors if err is not None]
 
@@ -422,7 +432,7 @@ class Fabric:
             rewire_optimizer(optimizer, replaced)
             if not self._strategy.requires_joint_setup:  # an engine that owns the optimizer may repoint it itself
                 check_optimizer_updates(optimizer, index, module, name, method)
-        if self._strategy.world_size > 1 and not declares_data_parallel(self._strategy) and has_dtensor_parameters(module):
+        if self._strategy.world_size > 1 and _shards_without_data_parallel_ranks(self._strategy, module):
             raise ValueError(
                 f"`{name}` set the model up with sharded (DTensor) parameters but does not say which of its"
                 f" {self._strategy.world_size} processes train on the same data, so `fabric.setup_dataloaders` would"
@@ -535,6 +545,8 @@ class Fabric:
         norm = self._strategy.clip_gradients_norm(
             module, optimizer, max_norm=cast(float, max_norm), norm_type=norm_type, error_if_nonfinite=error_if_nonfinite
         )
+        from fabric_core.utilities.dtensor import to_full_tensor
+
         return to_full_tensor(norm)  # a plain tensor, also from a strategy that returns the norm as a DTensor
 
     def autocast(self) -> AbstractContextManager:
@@ -695,9 +707,12 @@ class Fabric:
         if keep_last is not None and self.is_global_zero:
             background.submit(location, partial(prune, location, keep_last))  # after this save: work runs in order
         self._strategy.barrier()  # from here on the checkpoint is at `location` for every rank
-        for logger in self._loggers:
-            if isinstance(logger, Logger):  # an optional hook of our base class (loggers by interface lack it)
-                logger.checkpoint_saved(str(location))
+        if self._loggers:
+            from fabric_core.loggers.base import Logger
+
+            for logger in self._loggers:
+                if isinstance(logger, Logger):  # an optional hook of our base class (loggers by interface lack it)
+                    logger.checkpoint_saved(str(location))
         report_progress()  # the save and its barrier count as progress for hang detection
         return handle if handle is not None else background.handle(location)
 

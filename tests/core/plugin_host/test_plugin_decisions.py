@@ -275,3 +275,47 @@ def test_registration_calls_are_traced(use_registry, monkeypatch, capsys):
     assert "[fabric hooks] fabric_register_strategies: Plugin registered recording" in err
     assert "[fabric hooks] fabric_register_strategies: fabric-core registered single_device" in err
     assert re.search(r"fabric_select_launcher\(strategy=.*\) -> None \(no plugin answered\)", err)
+
+
+def test_an_environment_detected_by_variables_is_imported_only_where_one_is_set(use_registry, monkeypatch):
+    """``detected_by``: where none of its variables is set, detection neither imports nor asks the environment."""
+
+    class Plugin:
+        @hookimpl
+        def fabric_register_strategies(self, registrar):
+            registrar.add("recording", RecordingStrategy)
+
+        @hookimpl
+        def fabric_register_environments(self, registrar):
+            registrar.add("gated", "plugin_doubles:AlwaysHereEnvironment", detected_by=("MY_SCHEDULER_JOB",))
+
+    monkeypatch.delenv("MY_SCHEDULER_JOB", raising=False)
+    registry = use_registry(Plugin())
+    (entry,) = [e for e in registry.entries("environment") if e.name == "gated"]
+    detected = Fabric(accelerator="cpu", strategy="recording").strategy.cluster_environment
+    assert detected is not None and type(detected).__name__ != "AlwaysHereEnvironment"
+    assert not entry.is_loaded  # not even imported
+
+    monkeypatch.setenv("MY_SCHEDULER_JOB", "17")
+    detected = Fabric(accelerator="cpu", strategy="recording").strategy.cluster_environment
+    assert type(detected) is AlwaysHereEnvironment
+    assert entry.is_loaded
+
+
+@pytest.mark.parametrize(
+    ("kind_hook", "detected_by", "message"),
+    [
+        ("fabric_register_strategies", ("X",), "`detected_by` is for cluster environments"),
+        ("fabric_register_environments", "MY_VAR", "takes variable names"),
+    ],
+)
+def test_detected_by_is_refused_where_it_cannot_mean_anything(use_registry, kind_hook, detected_by, message):
+    class Plugin:
+        pass
+
+    def register(self, registrar):
+        registrar.add("thing", AlwaysHereEnvironment, detected_by=detected_by)
+
+    setattr(Plugin, kind_hook, hookimpl(register))
+    with pytest.warns(FabricPluginWarning, match=message):  # a failing registration is reported, not raised
+        use_registry(Plugin())

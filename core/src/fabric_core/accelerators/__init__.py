@@ -1,8 +1,19 @@
-"""Accelerators: which device type a run uses and how devices are parsed and prepared."""
+"""Accelerators: which device type a run uses and how devices are parsed and prepared.
 
-from fabric_core.accelerators.base import Accelerator
-from fabric_core.accelerators.cpu import CPUAccelerator
-from fabric_core.accelerators.cuda import CUDAAccelerator
-from fabric_core.accelerators.mps import MPSAccelerator
+The names below are imported on first access, so ``Fabric(accelerator="cpu")`` imports no other accelerator.
+"""
+
+from fabric_core.utilities.lazy import lazy_exports
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    "fabric-core",
+    {
+        "Accelerator": "fabric_core.accelerators.base",
+        "CPUAccelerator": "fabric_core.accelerators.cpu",
+        "CUDAAccelerator": "fabric_core.accelerators.cuda",
+        "MPSAccelerator": "fabric_core.accelerators.mps",
+    },
+)
 
 __all__ = ["Accelerator", "CPUAccelerator", "CUDAAccelerator", "MPSAccelerator"]

@@ -12,6 +12,7 @@ those names without ``override=True``.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from fabric_core.plugins.hookspecs import hookimpl
@@ -121,11 +122,25 @@ def fabric_register_launchers(registrar: Registrar) -> None:
 @hookimpl
 def fabric_register_environments(registrar: Registrar) -> None:
     env = _CORE + "environments."
-    registrar.add("torchelastic", env + "torchelastic:TorchElasticEnvironment", description="torchrun / fabric run")
+    # `detected_by`: outside such a job, detection imports none of these modules. SLURM is always asked: it warns
+    # when `srun` is on the PATH but did not start the process (the usual cause of a hanging SLURM job).
+    registrar.add(
+        "torchelastic",
+        env + "torchelastic:TorchElasticEnvironment",
+        description="torchrun / fabric run",
+        detected_by=("TORCHELASTIC_RUN_ID",),
+    )
     registrar.add("slurm", env + "slurm:SLURMEnvironment", description="SLURM srun")
-    registrar.add("lsf", env + "lsf:LSFEnvironment", description="IBM LSF jsrun")
-    registrar.add("mpi", env + "mpi:MPIEnvironment", description="mpirun (Open MPI / MPICH env vars)")
-    registrar.add("kubeflow", env + "kubeflow:KubeflowEnvironment", description="Kubeflow PyTorchJob (explicit only)")
+    registrar.add("lsf", env + "lsf:LSFEnvironment", description="IBM LSF jsrun", detected_by=("LSB_JOBID",))
+    registrar.add(
+        "mpi",
+        env + "mpi:MPIEnvironment",
+        description="mpirun (Open MPI / MPICH env vars)",
+        detected_by=("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"),
+    )
+    registrar.add(
+        "kubeflow", env + "kubeflow:KubeflowEnvironment", description="Kubeflow PyTorchJob (explicit only)", detected_by=()
+    )
     registrar.add("plain", env + "plain:PlainEnvironment", description="MASTER_ADDR/NODE_RANK/LOCAL_RANK env vars")
 
 
@@ -178,6 +193,8 @@ def fabric_detect_cluster_environment(registry: Registry) -> Any:
 
     classes = []
     for entry in registry.entries("environment"):
+        if not entry.may_detect(os.environ):
+            continue  # none of the variables its detect() needs is set: not imported
         try:
             classes.append(entry.load())
         except ImportError:

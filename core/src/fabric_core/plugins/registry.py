@@ -26,6 +26,7 @@ import fnmatch
 import importlib
 import re
 import warnings
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -95,7 +96,13 @@ class Entry:
     distribution: str = CORE_DISTRIBUTION
     version: str | None = None
     alias_warnings: dict[str, str | None] = field(default_factory=dict)
+    #: environments only: the variables one of which must be set for ``detect()`` to be asked (``None``: always asked)
+    detected_by: tuple[str, ...] | None = None
     _loaded: type | None = field(default=None, repr=False)
+
+    def may_detect(self, environ: Mapping[str, str]) -> bool:
+        """Whether automatic detection has to import this environment: one of ``detected_by`` is set in ``environ``."""
+        return self.detected_by is None or any(variable in environ for variable in self.detected_by)
 
     @property
     def is_loaded(self) -> bool:
@@ -176,11 +183,15 @@ class Registrar:
         description: str = "",
         aliases: dict[str, str | None] | None = None,
         override: bool = False,
+        detected_by: Iterable[str] | None = None,
         **init_kwargs: Any,
     ) -> None:
         """Register ``name`` (case-insensitive) for ``target`` built with ``init_kwargs``.
 
         ``name`` and ``target`` are positional-only, so ``init_kwargs`` may use those words too (a logger's ``name=``).
+        ``detected_by`` (cluster environments only): environment variables one of which is always set where the
+        environment's ``detect()`` can be true; where none is, automatic detection skips it without importing it
+        (``()``: an explicit-only environment, never imported for detection; ``None``: always imported and asked).
         """
         if not isinstance(name, str) or not name:
             raise TypeError(f"A {self.kind} name must be a non-empty string, got {name!r}.")
@@ -189,6 +200,10 @@ class Registrar:
                 f"The target registered for {self.kind} {name!r} must be a class or an import string"
                 f" 'package.module:Class', got {type(target).__name__}."
             )
+        if detected_by is not None and self.kind != "environment":
+            raise TypeError(f"`detected_by` is for cluster environments; {self.kind} {name!r} cannot take it.")
+        if isinstance(detected_by, str):
+            raise TypeError(f"`detected_by` of environment {name!r} takes variable names, e.g. ({detected_by!r},).")
         entry = Entry(
             kind=self.kind,
             name=name.lower(),
@@ -198,6 +213,7 @@ class Registrar:
             distribution=self.distribution,
             version=self.version,
             alias_warnings={str(k).lower(): v for k, v in (aliases or {}).items()},
+            detected_by=None if detected_by is None else tuple(detected_by),
         )
         if self._registry._add(entry, override=override):
             self.added.append(entry.name)

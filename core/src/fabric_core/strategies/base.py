@@ -25,8 +25,6 @@ from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
 
-from fabric_core.io.snapshot import SnapshotBuffers
-from fabric_core.io.state import PRECISION_STATE_KEY, Filter
 from fabric_core.precision.base import Precision
 from fabric_core.utilities.apply import move_data_to_device
 
@@ -38,9 +36,23 @@ if TYPE_CHECKING:
     from fabric_core.io.coordination import Coordinator
     from fabric_core.io.format import CheckpointFormat, FindReader, FormatContext
     from fabric_core.io.location import CheckpointLocation
+    from fabric_core.io.snapshot import SnapshotBuffers
+    from fabric_core.io.state import Filter
     from fabric_core.launchers.base import Launcher
 
-__all__ = ["PRECISION_STATE_KEY", "REDUCE_OPS", "BackwardSyncControl", "Strategy", "check_reduce_op"]
+__all__ = ["REDUCE_OPS", "BackwardSyncControl", "Strategy", "check_reduce_op"]
+
+
+
+def __getattr__(name: str) -> Any:
+    # Re-exported for plugins (`from fabric_core.strategies.base import PRECISION_STATE_KEY`) without importing the
+    # checkpoint modules at start-up: a run that never saves never needs them.
+    if name == "PRECISION_STATE_KEY":
+        from fabric_core.io.state import PRECISION_STATE_KEY
+
+        return PRECISION_STATE_KEY
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 #: The reduction names every strategy accepts (``"avg"`` is ``"mean"``).
 REDUCE_OPS = ("mean", "avg", "sum", "max", "min", "product")
@@ -104,7 +116,7 @@ class Strategy(ABC):
         self.cluster_environment: ClusterEnvironment | None = None
         self._num_nodes = 1
         self._find_checkpoint_reader: FindReader | None = None
-        self._snapshot_buffers = SnapshotBuffers()
+        self._snapshot_buffers: SnapshotBuffers | None = None  # made by the first save (`_snapshots`)
 
     # ---------------------------------------------------------------------------------------- wiring
     def attach(
@@ -523,7 +535,15 @@ class Strategy(ABC):
         (:class:`~fabric_core.io.single_file.SingleFileFormat`). A sharding strategy returns its own."""
         from fabric_core.io.single_file import SingleFileFormat
 
-        return SingleFileFormat(self.checkpoint_io, self._snapshot_buffers)
+        return SingleFileFormat(self.checkpoint_io, self._snapshots())
+
+    def _snapshots(self) -> SnapshotBuffers:
+        """The pinned buffers an asynchronous save reuses from one save to the next; made at the first save."""
+        if self._snapshot_buffers is None:
+            from fabric_core.io.snapshot import SnapshotBuffers
+
+            self._snapshot_buffers = SnapshotBuffers()
+        return self._snapshot_buffers
 
     def checkpoint_formats(self) -> list[CheckpointFormat]:
         """The formats this strategy loads, asked in order which recognises a path; the last one (the single file)
@@ -531,7 +551,7 @@ class Strategy(ABC):
         that recognises them (``fabric_select_checkpoint_reader``)."""
         from fabric_core.io.single_file import SingleFileFormat
 
-        return [SingleFileFormat(self.checkpoint_io, self._snapshot_buffers)]
+        return [SingleFileFormat(self.checkpoint_io, self._snapshots())]
 
     def save_checkpoint(
         self,

@@ -57,7 +57,10 @@ def fabric_register_launchers(registrar: Registrar) -> None:
 @hookimpl
 def fabric_register_environments(registrar: Registrar) -> None:
     registrar.add(
-        "xla", "fabric_xla.environment:XLAEnvironment", description="ranks from the torch_xla runtime (explicit only)"
+        "xla",
+        "fabric_xla.environment:XLAEnvironment",
+        description="ranks from the torch_xla runtime (explicit only)",
+        detected_by=(),  # never detected: the XLA strategies create it themselves, so detection need not import it
     )
 
 
