@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from jobs import end_leftover_jobs
 
 REPO = Path(__file__).resolve().parents[1]
 PLUGIN_FIXTURES = REPO / "tests" / "core" / "plugin_fixtures"
@@ -97,6 +98,13 @@ class PluginSites:
         self, site: str, code: str, env: dict[str, str] | None = None
     ) -> subprocess.CompletedProcess[str]:
         return self.run(site, ["python", "-c", code], env=env)
+
+
+@pytest.fixture(autouse=True)
+def _end_leftover_jobs():
+    """A job a failed test left running is ended with it (see ``jobs.end_leftover_jobs``)."""
+    yield
+    end_leftover_jobs()
 
 
 @pytest.fixture(autouse=True)

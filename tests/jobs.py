@@ -214,10 +214,38 @@ def start_job(
             env=env if env is not None else job_env(),
             cwd=cwd,
             start_new_session=True,
+            preexec_fn=_interruptible,
         )
     finally:
         handle.close()
-    return Job(process, log, time.monotonic())
+    job = Job(process, log, time.monotonic())
+    _STARTED.append(job)
+    return job
+
+
+#: Jobs started by the current test; what a failed test left running is ended after it (``end_leftover_jobs``).
+_STARTED: list[Job] = []
+
+
+def end_leftover_jobs() -> None:
+    """Kill the whole session of every job the test started that is still running (a test that failed half way
+    would otherwise leave a stuck job, its ranks and their ports behind for the rest of the run)."""
+    while _STARTED:
+        job = _STARTED.pop()
+        if job.process.poll() is None or session_processes(job.pid):
+            kill_session(job.pid)
+            try:
+                job.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def _interruptible() -> None:
+    """Give the job SIGINT's default disposition, as a terminal's foreground job has. A test run started in the
+    background of a non-interactive shell (``make test &``, ``nohup``) inherits SIGINT ignored; the job would
+    inherit that too, and our launchers rightly keep a signal the user ignores ignored, so a test that interrupts
+    the job would wait for nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run_job(

@@ -28,7 +28,9 @@ from __future__ import annotations
 import difflib
 import os
 import pathlib
+import re
 import sys
+import types
 import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -96,9 +98,11 @@ def _group_entry_points() -> list[Any]:
     hundred packages. Here a file is parsed only when its text names the group's section; the rest of the rules are
     the standard call's: the first distribution of each (normalised) name on ``sys.path`` wins.
     """
+    header = f"[{ENTRY_POINT_GROUP}]"
+    if _only_path_finders_find_distributions():
+        return _scan_path_entries(header)
     from importlib.metadata import distributions
 
-    header = f"[{ENTRY_POINT_GROUP}]"
     seen: set[str] = set()
     found: list[Any] = []
     for dist in distributions():
@@ -112,6 +116,67 @@ def _group_entry_points() -> list[Any]:
         if text and header in text:
             found.extend(dist.entry_points.select(group=ENTRY_POINT_GROUP))
     return found
+
+
+def _only_path_finders_find_distributions() -> bool:
+    """Whether every finder that can report distributions is the standard one, which reads metadata folders on
+    ``sys.path`` (a finder of another kind, e.g. of a bundled application, is then asked the standard way)."""
+    from importlib.machinery import PathFinder
+
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_distributions", None)
+        if find is not None and getattr(find, "__func__", find) is not PathFinder.find_distributions:
+            return False
+    return True
+
+
+def _scan_path_entries(header: str) -> list[Any]:
+    """What ``distributions()`` finds on ``sys.path``, read with one ``os.scandir`` per folder: only a metadata
+    folder whose ``entry_points.txt`` names ``header`` becomes a distribution object. A ``sys.path`` entry that is
+    not a folder (a zip file) is asked the standard way."""
+    from importlib.metadata import PathDistribution, distributions
+
+    seen: set[str] = set()
+    found: list[Any] = []
+    for entry in sys.path:
+        folder = entry or "."
+        try:
+            children = os.scandir(folder)
+        except OSError:  # missing, not a folder (zip files: below), or unreadable
+            if os.path.isfile(folder):
+                for dist in distributions(path=[entry]):
+                    name = getattr(dist, "_normalized_name", None) or _normalised_stem(name_and_version(dist)[0])
+                    if name not in seen:
+                        seen.add(name)
+                        text = _read_entry_points_text(dist)
+                        if text and header in text:
+                            found.extend(dist.entry_points.select(group=ENTRY_POINT_GROUP))
+            continue
+        with children:
+            names = [child.name for child in children]
+        for child in names:
+            stem, dot, suffix = child.rpartition(".")
+            if not dot or suffix.lower() not in ("dist-info", "egg-info"):
+                continue
+            # importlib.metadata's rule: the name is the part before the first "-", normalised
+            name = _normalised_stem(stem.partition("-")[0])
+            if name in seen:
+                continue
+            seen.add(name)
+            path = os.path.join(folder, child)
+            try:
+                with open(os.path.join(path, "entry_points.txt"), encoding="utf-8") as file:
+                    text = file.read()
+            except OSError:
+                continue
+            if header in text:
+                found.extend(PathDistribution(pathlib.Path(path)).entry_points.select(group=ENTRY_POINT_GROUP))
+    return found
+
+
+def _normalised_stem(name: str) -> str:
+    """importlib.metadata's normalisation of a metadata folder's name (``Prepared.normalize``)."""
+    return re.sub(r"[-_.]+", "-", name).lower().replace("-", "_")
 
 
 def _iter_entry_points(first_party: set[str]) -> Iterator[Any]:
@@ -135,8 +200,30 @@ def _matches(ep: Any, names: Iterable[str]) -> bool:
     return normalise_distribution(ep.name) in wanted or normalise_distribution(_dist_of(ep)[0]) in wanted
 
 
-def _heavy(new_modules: set[str]) -> tuple[str, ...]:
-    return tuple(sorted(m for m in new_modules if m in HEAVY_MODULES))
+def _heavy_loaded() -> set[str]:
+    """The :data:`HEAVY_MODULES` imported so far (a check of ten names, not a copy of ``sys.modules``)."""
+    return {name for name in HEAVY_MODULES if name in sys.modules}
+
+
+class _PluginManager(pluggy.PluginManager):
+    """pluggy's manager, quicker to register modules: an attribute that cannot be a hook is skipped from the
+    module's ``__dict__`` directly. A registration module also holds its imports and constants, and pluggy's
+    check of each one (``inspect.getattr_static``) took most of a registration; functions and methods still get
+    pluggy's own check, so what counts as a hook is pluggy's rule."""
+
+    _HOOKABLE = (types.FunctionType, types.MethodType, staticmethod, classmethod)
+
+    def parse_hookimpl_opts(self, plugin: Any, name: str) -> Any:
+        if isinstance(plugin, types.ModuleType) and not isinstance(vars(plugin).get(name), self._HOOKABLE):
+            return None
+        return super().parse_hookimpl_opts(plugin, name)
+
+    def parse_hookspec_opts(self, module_or_class: Any, name: str) -> Any:
+        if isinstance(module_or_class, types.ModuleType) and not isinstance(
+            vars(module_or_class).get(name), self._HOOKABLE
+        ):
+            return None
+        return super().parse_hookspec_opts(module_or_class, name)
 
 
 def _package_of(plugin: Any) -> str:
@@ -163,7 +250,7 @@ def validate(pm: pluggy.PluginManager, plugin: Any) -> None:
 
 def build_registry(extra_plugins: tuple[Any, ...] = ()) -> Registry:
     """Create a fresh plugin manager and registry (the process-wide one is :func:`fabric_core.plugins.host.get_registry`)."""
-    pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+    pm = _PluginManager(hookspecs.PROJECT_NAME)
     pm.add_hookspecs(hookspecs)
     registry = Registry(pm)
     registry.decisions = Decisions(registry)
@@ -229,7 +316,7 @@ def build_registry(extra_plugins: tuple[Any, ...] = ()) -> Registry:
 
 def _load(registry: Registry, ep: Any, dist: str, version: str | None) -> tuple[Any, tuple[str, ...]] | None:
     """Import one entry point's module: ``(plugin, heavy modules it imported)``, or ``None`` if that failed."""
-    before = set(sys.modules)
+    before = _heavy_loaded()
     try:
         plugin = ep.load()
     except (Exception, SystemExit) as err:
@@ -239,7 +326,7 @@ def _load(registry: Registry, ep: Any, dist: str, version: str | None) -> tuple[
             f"{ep.name} switches it off)",
         )
         return None
-    return plugin, _heavy(set(sys.modules) - before)
+    return plugin, tuple(sorted(_heavy_loaded() - before))
 
 
 def _register(registry: Registry, plugin: Any, info: PluginInfo) -> bool:
