@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fabric_core.plugins.host import find_checkpoint_reader, get_registry
 
@@ -43,8 +42,7 @@ def is_interactive() -> bool:
     return hasattr(sys, "ps1") or bool(getattr(sys.flags, "interactive", 0))
 
 
-@dataclass
-class Resolved:
+class Resolved(NamedTuple):
     accelerator: Accelerator
     strategy: Strategy
     precision: Precision
@@ -176,8 +174,7 @@ def _safe_available(registry: Registry, name: str) -> bool:
         return False
 
 
-@dataclass
-class _UserPlugins:
+class _UserPlugins(NamedTuple):
     """What the user passed in ``plugins=``."""
 
     precision: Precision | None = None

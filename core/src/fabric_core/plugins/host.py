@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fabric_core.plugins.discovery import build_registry
+from fabric_core.utilities.lazy import collection_paused
 
 if TYPE_CHECKING:
     from fabric_core.io.formats import CheckpointReader
@@ -29,7 +30,8 @@ def get_registry() -> Registry:
     if _registry is None:
         with _lock:
             if _registry is None:
-                _registry = build_registry()
+                with collection_paused():
+                    _registry = build_registry()
     return _registry
 
 

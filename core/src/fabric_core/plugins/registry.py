@@ -28,7 +28,7 @@ import re
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     import pluggy
@@ -49,8 +49,7 @@ class PluginImportError(ImportError):
     """The module behind a registered name could not be imported."""
 
 
-@dataclass
-class PluginFailure:
+class PluginFailure(NamedTuple):
     """A plugin, or one of its hook implementations, that failed; kept so ``fabric plugins`` and errors report it.
 
     ``stage`` says where: ``"import"`` (its registration module), ``"validation"`` (a hook pluggy does not
@@ -69,8 +68,7 @@ class PluginFailure:
         return f"{self.distribution}{version} (plugin {self.plugin!r}, {self.stage}): {type(self.error).__name__}: {self.error}"
 
 
-@dataclass
-class PluginInfo:
+class PluginInfo(NamedTuple):
     """One loaded plugin: who provides it and where it stands in the load order."""
 
     name: str
@@ -135,8 +133,7 @@ class Entry:
         return cls(*args, **{**self.init_kwargs, **overrides})
 
 
-@dataclass(frozen=True)
-class NameHint:
+class NameHint(NamedTuple):
     """``pattern`` (a name, or an ``fnmatch`` pattern) of ``kind`` is provided by ``distribution``."""
 
     kind: str
@@ -152,8 +149,7 @@ class NameHint:
         return fnmatch.fnmatchcase(name, self.pattern)
 
 
-@dataclass
-class Conflict:
+class Conflict(NamedTuple):
     """A registration that lost: ``loser`` was ignored (or replaced) in favour of ``winner``'s distribution."""
 
     kind: str

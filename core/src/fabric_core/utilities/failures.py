@@ -27,8 +27,7 @@ import sys
 import time
 import traceback
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 #: Set by the subprocess launcher for each child: where the child writes its uncaught exception.
 ERROR_FILE_VARIABLE = "FABRIC_ERROR_FILE"
@@ -94,8 +93,7 @@ def write_record(message: str, callstack: str, path: str | None = None) -> None:
         pass
 
 
-@dataclass
-class RecordedError:
+class RecordedError(NamedTuple):
     message: str
     traceback: str
     time_ns: int
@@ -132,8 +130,7 @@ def exit_description(code: int) -> str:
     return ""
 
 
-@dataclass
-class RankFailure:
+class RankFailure(NamedTuple):
     """One process of the job that ended non-zero."""
 
     label: str  # "local rank 1" / "rank 3 (local rank 1)"

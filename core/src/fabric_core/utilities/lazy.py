@@ -10,9 +10,11 @@ installed distribution's metadata only when asked for::
 
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -31,7 +33,8 @@ def lazy_exports(
             except PackageNotFoundError:  # a source tree on sys.path that is not installed
                 value = "0+unknown"
         elif name in names:
-            value = getattr(importlib.import_module(names[name]), name)
+            with collection_paused():
+                value = getattr(importlib.import_module(names[name]), name)
         else:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         setattr(sys.modules[package], name, value)
@@ -41,6 +44,23 @@ def lazy_exports(
         return sorted({*vars(sys.modules[package]), *names, "__version__"})
 
     return __getattr__, __dir__
+
+
+@contextmanager
+def collection_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while a burst of long-lived objects is made: modules, their classes
+    and functions, the plugin registry. Every 700 allocations the collector scans the young objects, and after
+    ``import torch`` it would scan these again and again while they are created (about a tenth of ``from fabric_core
+    import Fabric; Fabric()``); they are looked at once when it resumes. Leaves the collector as it was, also when
+    the caller (or another thread) had switched it off."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 _HEADERS: dict[str, tuple[str, str]] = {}
