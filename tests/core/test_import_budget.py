@@ -13,6 +13,8 @@ import sys
 import textwrap
 from importlib.metadata import entry_points
 
+import pytest
+
 from fabric_core.plugins.discovery import _group_entry_points
 from fabric_core.plugins.registry import ENTRY_POINT_GROUP
 
@@ -83,3 +85,24 @@ def test_entry_point_scan_finds_what_importlib_metadata_finds():
     standard = sorted(map(key, entry_points(group=ENTRY_POINT_GROUP)))
     assert standard, "no fabric plugin is installed in this environment"
     assert sorted(map(key, _group_entry_points())) == standard
+
+
+def test_entry_point_scan_after_the_importlib_metadata_backport_is_imported():
+    """The backport (imported by many packages) replaces the standard finder's method: the scan then falls back to
+    the standard call and still finds every plugin."""
+    code = textwrap.dedent(
+        """
+        import json
+        import importlib_metadata  # noqa: F401 (its import patches the finders)
+        from importlib.metadata import entry_points
+        from fabric_core.plugins.discovery import _group_entry_points
+
+        key = lambda ep: [ep.name, ep.value]
+        print(json.dumps([sorted(map(key, entry_points(group="fabric.plugins"))), sorted(map(key, _group_entry_points()))]))
+        """
+    )
+    pytest.importorskip("importlib_metadata")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    standard, ours = json.loads(done.stdout.strip().splitlines()[-1])
+    assert standard and ours == standard

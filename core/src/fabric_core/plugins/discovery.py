@@ -123,11 +123,14 @@ def _only_path_finders_find_distributions() -> bool:
     ``sys.path`` (a finder of another kind, e.g. of a bundled application, is then asked the standard way)."""
     from importlib.machinery import PathFinder
 
+    # The `importlib_metadata` backport, once imported, removes the standard finder's method and adds a finder of
+    # its own: then the standard way it is.
+    standard = getattr(PathFinder, "find_distributions", None)
     for finder in sys.meta_path:
         find = getattr(finder, "find_distributions", None)
-        if find is not None and getattr(find, "__func__", find) is not PathFinder.find_distributions:
+        if find is not None and getattr(find, "__func__", find) is not standard:
             return False
-    return True
+    return standard is not None
 
 
 def _scan_path_entries(header: str) -> list[Any]:
