@@ -213,7 +213,7 @@ SECTION = Section(
             "import + `Fabric(accelerator='cpu')` CPU time / bare `import torch`",
             ("ratios",),
             "<=",
-            1.05,
+            1.02,
         ),
     ),
 )
