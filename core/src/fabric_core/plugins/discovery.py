@@ -28,7 +28,6 @@ from __future__ import annotations
 import difflib
 import os
 import pathlib
-import re
 import sys
 import types
 import warnings
@@ -178,8 +177,8 @@ def _scan_path_entries(header: str) -> list[Any]:
 
 
 def _normalised_stem(name: str) -> str:
-    """importlib.metadata's normalisation of a metadata folder's name (``Prepared.normalize``)."""
-    return re.sub(r"[-_.]+", "-", name).lower().replace("-", "_")
+    """importlib.metadata's normalisation of a metadata folder's name (``Prepared.normalize``): PEP 503's, with ``_``."""
+    return normalise_distribution(name).replace("-", "_")
 
 
 def _iter_entry_points(first_party: set[str]) -> Iterator[Any]:
