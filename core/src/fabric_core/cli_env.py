@@ -3,12 +3,13 @@
 Python and the platform, torch and the CUDA/cuDNN/NCCL it was built with, the GPUs torch sees, every installed
 Fabric distribution (fabric-core, ours and third parties': anything with a ``fabric.plugins`` entry point or a
 requirement on fabric-core) with its version and whether it is an editable install, the versions of related
-packages (deepspeed, torch_xla, ...), what ``Fabric()`` would pick here (accelerator, cluster environment), the
-``FABRIC_*``/``PL_*`` and launcher variables that are set, and the CPU threads each process gets.
+packages (and of the frameworks each installed plugin names through ``fabric_report_packages``), what ``Fabric()``
+would pick here (accelerator, cluster environment), the ``FABRIC_*``/``PL_*`` and launcher variables that are set,
+and the CPU threads each process gets.
 
-Versions come from package metadata: deepspeed, torch_xla and the other frameworks are never imported (importing
-torch_xla initialises its runtime, deepspeed takes seconds). Only torch is imported, for what only it knows. Every
-section is collected on its own: one that fails shows its error instead of ending the report.
+Versions come from package metadata: no framework is imported (some start a runtime or take seconds to import).
+Only torch is imported, for what only it knows. Every section is collected on its own: one that fails shows its
+error instead of ending the report.
 """
 
 from __future__ import annotations
@@ -24,12 +25,11 @@ from collections.abc import Callable
 from typing import Any
 
 #: Packages whose versions matter in a report, besides torch and the Fabric distributions (metadata only).
+#: The plugins' own frameworks come from their ``fabric_report_packages`` hooks and are shown even when absent.
 RELATED_PACKAGES = (
-    "deepspeed", "torch-xla", "numpy", "pluggy", "fsspec", "s3fs", "gcsfs", "torchdata", "tensorboard",
-    "tensorboardX", "wandb", "mlflow", "mlflow-skinny", "lightning-fabric", "lightning", "accelerate", "triton",
+    "numpy", "pluggy", "fsspec", "s3fs", "gcsfs", "torchdata", "tensorboard", "tensorboardX", "lightning-fabric",
+    "lightning", "accelerate", "triton",
 )  # fmt: skip
-#: Shown even when absent: "not installed" answers the first question about a DeepSpeed or XLA problem.
-ALWAYS_SHOWN = ("deepspeed", "torch-xla")
 #: Variables listed by prefix, and by exact name (the rendezvous, threads, devices).
 VARIABLE_PREFIXES = ("FABRIC_", "PL_", "LT_", "TORCHELASTIC_", "NCCL_", "TORCH_", "PJRT_", "XLA_", "DS_")
 VARIABLE_NAMES = (
@@ -130,8 +130,11 @@ def fabric_distributions() -> list[dict[str, Any]]:
 
 
 def related_packages() -> dict[str, str | None]:
-    versions = {name: _metadata_version(name) for name in RELATED_PACKAGES}
-    return {name: v for name, v in versions.items() if v is not None or name in ALWAYS_SHOWN}
+    from fabric_core.plugins.host import get_registry
+
+    declared = [name for names in get_registry().plugin_manager.hook.fabric_report_packages() for name in names or ()]
+    versions = {name: _metadata_version(name) for name in (*declared, *RELATED_PACKAGES)}
+    return {name: v for name, v in versions.items() if v is not None or name in declared}
 
 
 def torch_info() -> dict[str, Any]:

@@ -124,6 +124,23 @@ def test_hook_fabric_select_launcher(use_registry):
     )  # the core's default: no launcher for one device
 
 
+def test_hook_fabric_report_packages(use_registry):
+    """``fabric env`` lists what every plugin names, installed or not, and nothing of a plugin that is not loaded."""
+    from fabric_core import cli_env
+
+    class Plugin:
+        @hookimpl
+        def fabric_report_packages(self):
+            return ["a-framework-not-installed-here", "pluggy"]
+
+    use_registry(Plugin())
+    packages = cli_env.related_packages()
+    assert packages["a-framework-not-installed-here"] is None
+    assert packages["pluggy"] is not None
+    use_registry()
+    assert "a-framework-not-installed-here" not in cli_env.related_packages()
+
+
 def test_hook_fabric_select_checkpoint_reader(use_registry, tmp_path):
     """A plugin-owned directory format is read through the hook, by a strategy that does not know it."""
     seen = []

@@ -203,6 +203,16 @@ def fabric_select_checkpoint_reader(path: CheckpointLocation) -> CheckpointReade
     """
 
 
+@hookspec
+def fabric_report_packages() -> list[str]:
+    """Return the distribution names whose versions ``fabric env`` reports for this plugin: the frameworks it drives.
+
+    They are listed installed or not ("not installed" answers the first question about a problem with them), read
+    from package metadata only, never imported. fabric-deepspeed answers ``["deepspeed"]``, fabric-xla
+    ``["torch-xla"]``. Every plugin's answer is collected.
+    """
+
+
 #: Every hook name declared above.
 HOOK_NAMES: tuple[str, ...] = tuple(
     name for name, obj in list(globals().items()) if hasattr(obj, f"{PROJECT_NAME}_spec")

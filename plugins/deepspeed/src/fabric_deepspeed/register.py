@@ -75,3 +75,9 @@ def fabric_select_checkpoint_reader(path: CheckpointLocation) -> Any:
     from fabric_deepspeed.checkpoint import load_deepspeed_checkpoint
 
     return load_deepspeed_checkpoint
+
+
+@hookimpl
+def fabric_report_packages() -> list[str]:
+    """What ``fabric env`` reports for this plugin, installed or not."""
+    return ["deepspeed"]

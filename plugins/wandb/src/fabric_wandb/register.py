@@ -13,3 +13,9 @@ if TYPE_CHECKING:
 @hookimpl
 def fabric_register_loggers(registrar: Registrar) -> None:
     registrar.add("wandb", "fabric_wandb.logger:WandbLogger", description="Weights & Biases runs (rank 0)")
+
+
+@hookimpl
+def fabric_report_packages() -> list[str]:
+    """What ``fabric env`` reports for this plugin, installed or not."""
+    return ["wandb"]

@@ -108,3 +108,9 @@ def fabric_select_precision(registry: Registry, precision: str, strategy: Strate
     if accelerator.device_type == "xla":
         raise ValueError(f"{XLA_STRATEGIES_ONLY} Got a `{type(strategy).__name__}`.")
     return None
+
+
+@hookimpl
+def fabric_report_packages() -> list[str]:
+    """What ``fabric env`` reports for this plugin, installed or not."""
+    return ["torch-xla"]
