@@ -107,6 +107,11 @@ def collect_plugins(
     }
 
 
+def _is_decision(caller: Any) -> bool:
+    """A decision hook has one answer (``firstresult``); ``fabric_report_packages`` collects every plugin's."""
+    return caller.spec is None or bool(caller.spec.opts.get("firstresult"))
+
+
 def describe_plugins(registry: Registry, check: bool) -> list[dict[str, Any]]:
     """Each loaded plugin: its distribution, the decision hooks it answers, and (with ``check``) heavy imports."""
     from fabric_core.plugins.kinds import KINDS
@@ -116,7 +121,9 @@ def describe_plugins(registry: Registry, check: bool) -> list[dict[str, Any]]:
     for info in sorted(registry.plugins.values(), key=lambda i: i.position):
         plugin = pm.get_plugin(info.name)
         hooks = sorted(
-            caller.name for caller in (pm.get_hookcallers(plugin) or []) if caller.name not in KINDS.values()
+            caller.name
+            for caller in (pm.get_hookcallers(plugin) or [])
+            if caller.name not in KINDS.values() and _is_decision(caller)
         ) if plugin is not None else []
         row: dict[str, Any] = {
             "plugin": info.name,
