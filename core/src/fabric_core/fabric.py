@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from fabric_core import connector
 from fabric_core.accelerators.base import Accelerator
 from fabric_core.strategies.base import Strategy
-from fabric_core.utilities import failures
+from fabric_core.utilities import failures, hang
 from fabric_core.utilities.apply import apply_to_collection, convert_tensors_to_scalars, convert_to_tensors
 from fabric_core.utilities.hang import report_progress, start_watchdog
 from fabric_core.utilities.parameters import (
@@ -497,11 +497,9 @@ class Fabric:
     # ------------------------------------------------------------------------------------------------ training
     def backward(self, tensor: Tensor, *args: Any, model: Any = None, **kwargs: Any) -> None:
         """Replace ``loss.backward()``: lets the precision scale the loss and engines own the backward pass."""
-        report_progress()
-        self._backward(tensor, *args, model=model, **kwargs)
-        report_progress()
-
-    def _backward(self, tensor: Tensor, *args: Any, model: Any = None, **kwargs: Any) -> None:
+        # One frame on every step: the plan says whether the strategy's chain would only call `tensor.backward`.
+        if hang.watching:
+            report_progress()
         strategy = self._strategy
         paths = self._paths
         if strategy.configured_precision is not paths.precision:  # a replaced precision: decide again
@@ -510,16 +508,15 @@ class Fabric:
             module = unwrap_objects(model) if model is not None else None
             with backward_guard.scope():
                 strategy.backward(tensor, module, *args, **kwargs)
-            return
-        # Neither strategy nor precision changes backward: their chain would only call `tensor.backward`.
-        if not backward_guard.armed:
-            if args or kwargs:
+        elif backward_guard.armed:  # some model (of any Fabric) guards its outputs: this is a Fabric backward
+            with backward_guard.scope():
                 tensor.backward(*args, **kwargs)
-            else:
-                tensor.backward()  # the call exactly as a plain loop makes it
-            return
-        with backward_guard.scope():  # some model (of any Fabric) guards its outputs: this is a Fabric backward
+        elif args or kwargs:
             tensor.backward(*args, **kwargs)
+        else:
+            tensor.backward()  # the call exactly as a plain loop makes it
+        if hang.watching:
+            report_progress()
 
     def clip_gradients(
         self,

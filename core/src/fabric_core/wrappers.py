@@ -27,6 +27,7 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader, DistributedSampler
 
 from fabric_core.precision.base import Precision
+from fabric_core.utilities import hang
 from fabric_core.utilities.apply import apply_to_collection, iterate_moved
 from fabric_core.utilities.hang import report_progress
 
@@ -496,7 +497,8 @@ class FabricOptimizer:
         self._optimizer.load_state_dict(state_dict)
 
     def step(self, closure: Callable | None = None) -> Any:
-        report_progress()  # FABRIC_HANG_TIMEOUT: a step is progress (utilities/hang.py)
+        if hang.watching:  # FABRIC_HANG_TIMEOUT: a step is progress (utilities/hang.py)
+            report_progress()
         strategy = self._strategy
         paths = self._paths
         if strategy.configured_precision is not paths.precision:  # a replaced precision: decide again

@@ -54,6 +54,9 @@ _STDLIB = os.path.dirname(os.__file__)
 _clock = time.monotonic
 _last = _clock()
 _watchdog: _Watchdog | None = None
+#: Whether a watchdog watches this process now. The per-step calls (``fabric.backward``, ``optimizer.step()``) read it
+#: and report progress only then: without hang detection a step costs no call here (public, read-only elsewhere).
+watching = False
 _on_hang: list[Callable[[failures.RecordedError], None]] = []
 
 
@@ -91,11 +94,12 @@ def on_hang(callback: Callable[[failures.RecordedError], None]) -> None:
 
 def start_watchdog(rank: int) -> None:
     """Start this process's hang detector for ``rank`` if ``FABRIC_HANG_TIMEOUT`` asks for one (once per process)."""
-    global _watchdog
+    global _watchdog, watching
     limit = hang_timeout()
     if limit is None:
         return
     report_progress()
+    watching = True
     if _watchdog is not None and _watchdog.is_alive():
         _watchdog.rank = rank
         return
@@ -106,6 +110,8 @@ def start_watchdog(rank: int) -> None:
 
 def stop_watchdog() -> None:
     """The job is ending (a launcher is stopping the ranks): this process must not report a hang any more."""
+    global watching
+    watching = False
     if _watchdog is not None:
         _watchdog.stopped = True
         faulthandler.cancel_dump_traceback_later()
