@@ -285,6 +285,35 @@ def test_direct_call_still_runs_hooks_compile_patches_and_tracing():
     torch.testing.assert_close(model(x), inner(x))
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace:DeprecationWarning")
+def test_tracing_through_the_direct_call_matches_the_full_path():
+    """The direct call checks torch's traced-module map, not the tracing state: tracing a function that calls the
+    wrapper gives the inner module's graph, and tracing a module that holds the wrapper still names the wrapper's
+    scope (its ``nn.Module.__call__`` runs then)."""
+    fabric = Fabric()
+    inner = nn.Linear(2, 2)
+    model = fabric.setup(inner)
+    x = torch.ones(1, 2)
+
+    activation = fabric.setup(nn.Tanh())  # no parameters: a traced function may not hold ones that need grad
+    traced_function = torch.jit.trace(lambda t: activation(t) * 2, x)
+    torch.testing.assert_close(traced_function(x * 3), torch.tanh(x * 3) * 2)
+    assert "aten::tanh" in str(traced_function.graph)
+
+    class Holder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.wrapped = model
+
+        def forward(self, t: torch.Tensor) -> torch.Tensor:
+            return self.wrapped(t) + 1
+
+    traced_module = torch.jit.trace(Holder(), x)
+    torch.testing.assert_close(traced_module(x * 3), inner(x * 3) + 1)
+    scopes = {node.scopeName() for node in traced_module.inlined_graph.nodes()}
+    assert "__module.wrapped/__module.wrapped._forward_module" in scopes, scopes  # the wrapper's own scope too
+
+
 def test_late_callbacks_fire_on_the_plain_step():
     class Callback:
         def __init__(self) -> None:

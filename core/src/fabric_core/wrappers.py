@@ -54,11 +54,14 @@ _GLOBAL_HOOKS = tuple(
     )
 )
 _G_BACKWARD_PRE, _G_BACKWARD, _G_FORWARD, _G_FORWARD_PRE = (h if h is not None else {} for h in _GLOBAL_HOOKS)
-_tracing_state = getattr(torch._C, "_get_tracing_state", None)
+# Under `torch.jit.trace`, `nn.Module.__call__` differs from `forward` only where the traced module's map names the
+# module (`_slow_forward` records its scope); with no map (no module being traced) it calls `forward` as usual. A
+# module attribute read instead of torch's tracing-state call (a pybind11 call, ~5 % of what the wrapper adds).
+_jit_trace = getattr(torch.jit, "_trace", None)
 _unpatched_module_call = getattr(Module, "_wrapped_call_impl", None)
 _CAN_CALL_DIRECTLY = (
     all(isinstance(hooks, dict) for hooks in _GLOBAL_HOOKS)
-    and _tracing_state is not None
+    and hasattr(_jit_trace, "_trace_module_map")
     and _unpatched_module_call is not None
     and Module.__call__ is _unpatched_module_call
 )
@@ -216,9 +219,9 @@ class FabricModule(Module):
         # `self._forward_module` is a plain attribute read instead of two `__getattr__` calls per forward.
         self.__dict__["_forward_module"] = forward_module
         self.__dict__["_original_module"] = self._original_module
-        self.__dict__["_paths"] = FastPaths(strategy)
-        # The direct call below skips `forward`, so only for this class's own `forward` (not a subclass's).
+        # The direct call in `__call__` skips `forward`, so only for this class's own `forward` (not a subclass's).
         self.__dict__["_can_call_directly"] = _CAN_CALL_DIRECTLY and type(self).forward is FabricModule.forward
+        self._plan(strategy)
         self._fabric_module_initialized = True
 
     @property
@@ -232,12 +235,20 @@ class FabricModule(Module):
         forward_module = self._forward_module
         return forward_module._orig_mod if _is_compiled(forward_module) else forward_module
 
+    def _plan(self, strategy: Strategy) -> FastPaths:
+        """Decide the plan for ``strategy``'s current precision object. ``_direct`` is the same plan where
+        ``__call__`` may skip ``nn.Module.__call__`` and ``forward`` altogether, else ``None``: one read per call."""
+        d = self.__dict__
+        paths = d["_paths"] = FastPaths(strategy)
+        d["_direct"] = paths if paths.forward and d["_can_call_directly"] else None
+        return paths
+
     def _current_paths(self) -> FastPaths:
         """The plan for the strategy's current precision object (a new one if it was replaced)."""
         d = self.__dict__
         paths = d["_paths"]
         if d["_strategy"].configured_precision is not paths.precision:
-            paths = d["_paths"] = FastPaths(d["_strategy"])
+            paths = self._plan(d["_strategy"])
         return paths
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -249,17 +260,16 @@ class FabricModule(Module):
         """
         # Read through the instance __dict__: attribute loads on a Module (which has `__getattr__`) are slow.
         d = self.__dict__
-        paths = d["_paths"]
+        paths = d["_direct"]
         if (
-            paths.forward
-            and d["_can_call_directly"]
-            and d["_strategy"].configured_precision is paths.precision
+            paths is not None
+            and d["_strategy"].configured_precision is paths.precision  # else `forward` decides again
             and not (d["_forward_pre_hooks"] or d["_forward_hooks"] or d["_backward_pre_hooks"] or d["_backward_hooks"])
             and not (_G_FORWARD_PRE or _G_FORWARD or _G_BACKWARD_PRE or _G_BACKWARD)
-            and d.get("_compiled_call_impl") is None  # set on the instance by `module.compile()`
+            and "_compiled_call_impl" not in d  # set on the instance by `module.compile()`
             and "forward" not in d
             and Module.__call__ is _unpatched_module_call
-            and not _tracing_state()
+            and _jit_trace._trace_module_map is None  # no module is being traced (see `_jit_trace`)
         ):
             return d["_forward_module"](*args, **kwargs)
         return Module.__call__(self, *args, **kwargs)
@@ -385,7 +395,7 @@ class FabricModule(Module):
             if isinstance(value, Module):
                 self.__dict__[name] = value
             if name == "_strategy":
-                self.__dict__["_paths"] = FastPaths(value)
+                self._plan(value)
             return None
         if name.startswith("__") or name == "forward":
             return super().__setattr__(name, value)
