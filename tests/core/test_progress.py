@@ -56,8 +56,11 @@ def test_lines_repeat_with_the_interval(monkeypatch):
     assert "1 batch/s" in lines[1] and "left" not in lines[1]  # no total: no time left
 
 
-def test_terminal_gets_a_tqdm_bar_with_the_fields():
+def test_terminal_gets_a_tqdm_bar_with_the_fields(monkeypatch):
     pytest.importorskip("tqdm")
+    # Half a second per clock read: a rate over less than 1 ms is not shown, and three real updates can take less.
+    clock = iter(0.5 * t for t in range(1000))
+    monkeypatch.setattr("fabric_core.utilities.progress.time.perf_counter", lambda: next(clock))
     out = Terminal()
     with ProgressBar(total=3, desc="train", items_unit="tokens", refresh_s=0, file=out) as bar:
         for step in range(3):
