@@ -77,8 +77,7 @@ def worker(steps: int) -> None:
         for _ in range(steps):
             optimizer.zero_grad()
 
-    bodies = {"forward": forward, "backward": backward_only, "step": step, "zero_grad": zero_grad}
-    bodies["whole step"] = whole
+    bodies = {"forward": forward, "backward": backward_only, "step": step, "zero_grad": zero_grad, "whole step": whole}
     for variant in (raw, ours):  # warm-up: optimizer state, allocator, first-call paths
         whole(*variant)
     order = []

@@ -29,7 +29,6 @@ from torch.utils.data import DataLoader, DistributedSampler
 from fabric_core.precision.base import Precision
 from fabric_core.utilities import hang
 from fabric_core.utilities.apply import apply_to_collection, iterate_moved
-from fabric_core.utilities.hang import report_progress
 
 if TYPE_CHECKING:
     from fabric_core.strategies.base import Strategy
@@ -508,7 +507,7 @@ class FabricOptimizer:
 
     def step(self, closure: Callable | None = None) -> Any:
         if hang.watching:  # FABRIC_HANG_TIMEOUT: a step is progress (utilities/hang.py)
-            report_progress()
+            hang.report_progress()
         strategy = self._strategy
         paths = self._paths
         if strategy.configured_precision is not paths.precision:  # a replaced precision: decide again
