@@ -27,10 +27,10 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from typing import Any
 
-from fabric_core.connector import _CLI_SETTINGS, CLI_FLAG
+from fabric_core.connector import CLI_FLAG, CLI_SETTINGS
 from fabric_core.utilities.topology import threads_per_process
 
 DEFAULT_MAIN_PORT = 29400
@@ -39,6 +39,9 @@ USAGE = "fabric run [OPTIONS] SCRIPT [SCRIPT_ARGS]...\n       fabric run [OPTION
 
 @dataclass(frozen=True)
 class _Option:
+    """One ``fabric run`` option, declared once: parsing, :class:`RunArgs`, the help, and where its value goes (the
+    script's ``Fabric(...)`` or torchrun's command line) all derive from this."""
+
     dest: str
     flags: tuple[str, ...]
     help: str
@@ -47,29 +50,36 @@ class _Option:
     takes_value: bool = True
     #: recognised only before SCRIPT (after it, the token is the script's: many scripts have a `--log-dir`)
     before_script: bool = False
-    #: torchrun's flag this option is passed on as (torchrun's own options; see ``torchrun_arguments``)
+    #: torchrun's flag this option is passed on as (``None``: Fabric's own option)
     torchrun: str | None = None
+    #: how the value reaches torchrun: "given" (``FLAG=VALUE`` when set), "always" (default included) or "rendezvous"
+    #: (combined with the main address and port into where the processes meet, :func:`_rendezvous_arguments`)
+    forward: str = "given"
+    #: passed to the script's ``Fabric(...)`` through its ``FABRIC_*`` variable (:data:`CLI_SETTINGS`) when set
+    fabric_setting: bool = False
 
 
 OPTIONS = (
-    _Option("accelerator", ("--accelerator",), "the hardware to run on (default: what the script's Fabric(...) says, else auto)"),
-    _Option("strategy", ("--strategy",), "the strategy; one that starts its own processes from a function is refused"),
-    _Option("devices", ("--devices",), "devices (processes) per node: a number, 'auto', or GPU indices such as '0,1' (default: 1)", "1"),
-    _Option("num_nodes", ("--num-nodes", "--num_nodes"), "number of nodes (default: 1)", 1, int),
+    _Option("accelerator", ("--accelerator",), "the hardware to run on (default: what the script's Fabric(...) says, else auto)", fabric_setting=True),
+    _Option("strategy", ("--strategy",), "the strategy; one that starts its own processes from a function is refused", fabric_setting=True),
+    _Option("devices", ("--devices",), "devices (processes) per node: a number, 'auto', or GPU indices such as '0,1' (default: 1)", "1", fabric_setting=True),
+    _Option("num_nodes", ("--num-nodes", "--num_nodes"), "number of nodes (default: 1)", 1, int, fabric_setting=True),
     _Option("node_rank", ("--node-rank", "--node_rank"), "index of this node, 0 = main (default: 0)", 0, int),
     _Option("main_address", ("--main-address", "--main_address"), "address of node 0, where the processes meet (default: 127.0.0.1)", "127.0.0.1"),
     _Option("main_port", ("--main-port", "--main_port"), f"a free port on node 0 (default: {DEFAULT_MAIN_PORT})", DEFAULT_MAIN_PORT, int),
-    _Option("precision", ("--precision",), "the precision (default: what the script's Fabric(...) says, else 32-true)"),
+    _Option("precision", ("--precision",), "the precision (default: what the script's Fabric(...) says, else 32-true)", fabric_setting=True),
     _Option("hang_timeout", ("--hang-timeout", "--hang_timeout"), "end the job when a rank makes no progress for this many seconds, naming it and its line (FABRIC_HANG_TIMEOUT; default: off)", None, float, before_script=True),
     _Option("module", ("-m", "--module"), "treat SCRIPT as a module name and run it like `python -m MODULE` (before SCRIPT)", False, bool, False, before_script=True),
 )  # fmt: skip
-#: torchrun's restart, rendezvous and logging options, passed on unchanged (only before SCRIPT, as with torchrun).
+#: torchrun's restart, rendezvous and logging options, passed on unchanged (only before SCRIPT, as with torchrun), in
+#: this order.
 ELASTIC_OPTIONS = (
-    _Option("max_restarts", ("--max-restarts", "--max_restarts"), "restart all workers up to N times when one fails (default: 0)", 0, int, before_script=True, torchrun="--max-restarts"),
-    _Option("monitor_interval", ("--monitor-interval", "--monitor_interval"), "seconds between checks of the workers (default: 0.1)", 0.1, float, before_script=True, torchrun="--monitor-interval"),
-    _Option("standalone", ("--standalone",), "one node: a local rendezvous on a free port (--main-address/--main-port unused)", False, bool, False, before_script=True, torchrun="--standalone"),
-    _Option("rdzv_backend", ("--rdzv-backend", "--rdzv_backend"), "rendezvous backend: static (default: --main-address/--main-port, --node-rank), c10d, etcd, etcd-v2", None, before_script=True, torchrun="--rdzv-backend"),
-    _Option("rdzv_endpoint", ("--rdzv-endpoint", "--rdzv_endpoint"), "HOST[:PORT] of the rendezvous backend (default for c10d: --main-address:--main-port)", None, before_script=True, torchrun="--rdzv-endpoint"),
+    _Option("standalone", ("--standalone",), "one node: a local rendezvous on a free port (--main-address/--main-port unused)", False, bool, False, before_script=True, torchrun="--standalone", forward="rendezvous"),
+    _Option("rdzv_backend", ("--rdzv-backend", "--rdzv_backend"), "rendezvous backend: static (default: --main-address/--main-port, --node-rank), c10d, etcd, etcd-v2", None, before_script=True, torchrun="--rdzv-backend", forward="rendezvous"),
+    _Option("rdzv_endpoint", ("--rdzv-endpoint", "--rdzv_endpoint"), "HOST[:PORT] of the rendezvous backend (default for c10d: --main-address:--main-port)", None, before_script=True, torchrun="--rdzv-endpoint", forward="rendezvous"),
+    # notice a failed worker within 0.1 s by default (older torch defaulted to 5 s)
+    _Option("monitor_interval", ("--monitor-interval", "--monitor_interval"), "seconds between checks of the workers (default: 0.1)", 0.1, float, before_script=True, torchrun="--monitor-interval", forward="always"),
+    _Option("max_restarts", ("--max-restarts", "--max_restarts"), "restart all workers up to N times when one fails (default: 0)", 0, int, before_script=True, torchrun="--max-restarts", forward="always"),
     _Option("rdzv_id", ("--rdzv-id", "--rdzv_id"), "job id shared by every node of the job (non-static backends)", None, before_script=True, torchrun="--rdzv-id"),
     _Option("rdzv_conf", ("--rdzv-conf", "--rdzv_conf"), "extra rendezvous settings, KEY=VALUE,... (e.g. join_timeout=600)", None, before_script=True, torchrun="--rdzv-conf"),
     _Option("log_dir", ("--log-dir", "--log_dir"), "folder for the workers' log files (with --redirects/--tee)", None, before_script=True, torchrun="--log-dir"),
@@ -80,6 +90,7 @@ ELASTIC_OPTIONS = (
 )  # fmt: skip
 ALL_OPTIONS = (*OPTIONS, *ELASTIC_OPTIONS)
 _BY_FLAG = {flag: option for option in ALL_OPTIONS for flag in option.flags}
+_BY_DEST = {option.dest: option for option in ALL_OPTIONS}
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 #: torchrun's stream selection: one of 0-3 for every local rank, or LOCAL_RANK:N pairs.
 _STREAMS = re.compile(r"^[0-3]$|^\d+:[0-3](,\d+:[0-3])*$")
@@ -93,34 +104,18 @@ class _Help(Exception):
     """``--help`` was asked for."""
 
 
-@dataclass
-class RunArgs:
-    """What ``fabric run`` was asked to do."""
-
-    script: str = ""
-    script_args: list[str] = field(default_factory=list)
-    accelerator: str | None = None
-    strategy: str | None = None
-    devices: str = "1"
-    num_nodes: int = 1
-    node_rank: int = 0
-    main_address: str = "127.0.0.1"
-    main_port: int = DEFAULT_MAIN_PORT
-    precision: str | None = None
-    module: bool = False
-    hang_timeout: float | None = None
-    max_restarts: int = 0
-    monitor_interval: float = 0.1
-    standalone: bool = False
-    rdzv_backend: str | None = None
-    rdzv_endpoint: str | None = None
-    rdzv_id: str | None = None
-    rdzv_conf: str | None = None
-    log_dir: str | None = None
-    redirects: str | None = None
-    tee: str | None = None
-    local_ranks_filter: str | None = None
-    local_addr: str | None = None
+#: What ``fabric run`` was asked to do: ``script``, ``script_args``, and one field per option of :data:`ALL_OPTIONS`
+#: (named by its ``dest``, with its default).
+RunArgs = make_dataclass(
+    "RunArgs",
+    [
+        ("script", str, field(default="")),
+        ("script_args", list, field(default_factory=list)),
+        *((option.dest, option.type, field(default=option.default)) for option in ALL_OPTIONS),
+    ],
+)
+RunArgs.__module__ = __name__
+RunArgs.__doc__ = "What ``fabric run`` was asked to do (one field per option of ``ALL_OPTIONS``)."
 
 
 def help_text() -> str:
@@ -231,7 +226,7 @@ def processes_per_node(
     without a launcher is one process that drives every device itself.
     """
     from fabric_core.accelerators.base import no_devices_message, requests_no_devices
-    from fabric_core.connector import resolve_accelerator
+    from fabric_core.connector import resolve_accelerator, resolve_strategy
 
     if requests_no_devices(devices):  # before the accelerator, as `Fabric(devices=0)` does
         raise CLIError(no_devices_message(devices, (accelerator or "auto").lower()))
@@ -242,24 +237,10 @@ def processes_per_node(
     except (TypeError, ValueError, RuntimeError) as err:
         raise CLIError(str(err)) from None
     count = len(device_list)
-    name = (strategy or "auto").lower()
-    if name == "auto":
-        answer = registry.decisions.auto_strategy(accelerator_obj, count, num_nodes, False)
-        if answer is None:
-            from fabric_core.connector import _no_auto_strategy_message
-
-            raise CLIError(_no_auto_strategy_message(registry, accelerator_obj, count, num_nodes))
-        name = answer if isinstance(answer, str) else None
-        strategy_obj = answer if not isinstance(answer, str) else None
-    else:
-        strategy_obj = None
-    if strategy_obj is None:
-        assert name is not None
-        name = registry.decisions.adjust_strategy(name, accelerator_obj, count, num_nodes) or name
-        try:
-            strategy_obj = registry.create("strategy", name)
-        except (TypeError, ValueError, ImportError) as err:
-            raise CLIError(str(err)) from None
+    try:  # the same decision as `Fabric(strategy=...)` (the CLI itself is never interactive)
+        strategy_obj = resolve_strategy(registry, strategy or "auto", accelerator_obj, count, num_nodes, interactive=False)
+    except (TypeError, ValueError, ImportError) as err:
+        raise CLIError(str(err)) from None
     launcher_name = strategy_obj.launcher_name
     if launcher_name is None:
         return 1, devices  # one process drives every device (or there is only one)
@@ -268,7 +249,7 @@ def processes_per_node(
     except (ValueError, ImportError) as err:
         raise CLIError(str(err)) from None
     if launcher_cls.requires_function:
-        label = strategy or name
+        label = strategy or type(strategy_obj).__name__
         raise CLIError(
             f"The strategy {label!r} starts its processes itself and runs a function in them ({launcher_name!r}"
             f" launcher), so `fabric run` cannot start it. Run the script with `python` and call"
@@ -307,33 +288,28 @@ def check_elastic(args: RunArgs) -> None:
         )
 
 
-def _static_rendezvous(args: RunArgs) -> bool:
+def _static_rendezvous(args: Any) -> bool:
     return not args.standalone and args.rdzv_backend in (None, "static")
 
 
-def torchrun_arguments(args: RunArgs, nprocs: int) -> list[str]:
-    """The command line given to torch's elastic launcher (``torch.distributed.run``)."""
-    command = [f"--nproc-per-node={nprocs}", f"--nnodes={args.num_nodes}"]
+def _rendezvous_arguments(args: Any) -> list[str]:
+    """Where the processes meet: torchrun's standalone rendezvous, the static one at the main address and port
+    (the well-known CLI's flags), or a c10d/etcd backend that meets there unless given an endpoint."""
     if args.standalone:
-        command.append("--standalone")
-    elif _static_rendezvous(args):
-        command += [
-            f"--node-rank={args.node_rank}",
-            f"--master-addr={args.main_address}",
-            f"--master-port={args.main_port}",
-        ]
-    else:  # c10d/etcd: the ranks come from the rendezvous; it meets at the main address and port unless told
-        command += [
-            f"--rdzv-backend={args.rdzv_backend}",
-            f"--rdzv-endpoint={args.rdzv_endpoint or f'{args.main_address}:{args.main_port}'}",
-        ]
-    # notice a failed worker within 0.1 s by default (older torch defaulted to 5 s)
-    command += [f"--monitor-interval={args.monitor_interval}", f"--max-restarts={args.max_restarts}"]
+        return [_BY_DEST["standalone"].torchrun]
+    if _static_rendezvous(args):
+        return [f"--node-rank={args.node_rank}", f"--master-addr={args.main_address}", f"--master-port={args.main_port}"]
+    endpoint = args.rdzv_endpoint or f"{args.main_address}:{args.main_port}"
+    return [f"{_BY_DEST['rdzv_backend'].torchrun}={args.rdzv_backend}", f"{_BY_DEST['rdzv_endpoint'].torchrun}={endpoint}"]
+
+
+def torchrun_arguments(args: Any, nprocs: int) -> list[str]:
+    """The command line given to torch's elastic launcher (``torch.distributed.run``), derived from the options'
+    declarations (:attr:`_Option.forward`)."""
+    command = [f"--nproc-per-node={nprocs}", f"--nnodes={args.num_nodes}", *_rendezvous_arguments(args)]
     for option in ELASTIC_OPTIONS:
         value = getattr(args, option.dest)
-        if option.dest in ("max_restarts", "monitor_interval", "standalone", "rdzv_backend", "rdzv_endpoint"):
-            continue
-        if value is not None:
+        if option.forward == "always" or option.forward == "given" and value is not None:
             command.append(f"{option.torchrun}={value}")
     if args.module:
         command.append("-m")
@@ -342,15 +318,11 @@ def torchrun_arguments(args: RunArgs, nprocs: int) -> list[str]:
 
 def prepare_environment(args: RunArgs, nprocs: int, devices: str) -> dict[str, str]:
     """Set the variables every started process reads; returns what was set."""
-    values = {
-        CLI_FLAG: "1",
-        _CLI_SETTINGS["devices"]: str(devices),
-        _CLI_SETTINGS["num_nodes"]: str(args.num_nodes),
-    }
-    for key in ("accelerator", "strategy", "precision"):
-        value = getattr(args, key)
-        if value is not None:
-            values[_CLI_SETTINGS[key]] = str(value)
+    values = {CLI_FLAG: "1"}
+    for option in ALL_OPTIONS:
+        value = devices if option.dest == "devices" else getattr(args, option.dest)
+        if option.fabric_setting and value is not None:
+            values[CLI_SETTINGS[option.dest]] = str(value)
     if args.hang_timeout is not None:
         from fabric_core.utilities.hang import HANG_TIMEOUT_VARIABLE
 

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 #: Set by ``fabric run`` in every process it starts.
 CLI_FLAG = "FABRIC_CLI_USED"
-_CLI_SETTINGS = {
+#: The ``Fabric(...)`` argument each variable that ``fabric run`` sets stands for (read by :func:`apply_cli_settings`).
+CLI_SETTINGS = {
     "accelerator": "FABRIC_ACCELERATOR",
     "strategy": "FABRIC_STRATEGY",
     "devices": "FABRIC_DEVICES",
@@ -62,7 +63,7 @@ def apply_cli_settings(args: dict[str, Any]) -> dict[str, Any]:
     from fabric_core.strategies.base import Strategy
 
     out = dict(args)
-    for key, var in _CLI_SETTINGS.items():
+    for key, var in CLI_SETTINGS.items():
         if var not in os.environ:
             continue
         cli_value: Any = os.environ[var]
@@ -234,17 +235,28 @@ def _parallel_devices_accelerator(registry: Registry, strategy: Strategy, accele
     return device_type if ("accelerator", str(device_type)) in registry else accelerator
 
 
-def _strategy_by_name(
-    registry: Registry, strategy: Any, accelerator: Accelerator, num_devices: int, num_nodes: int
+def resolve_strategy(
+    registry: Registry,
+    strategy: Any,
+    accelerator: Accelerator,
+    num_devices: int,
+    num_nodes: int,
+    interactive: bool | None = None,
 ) -> Strategy:
-    """``strategy="auto"`` answered by the hook, then the owning plugin's adjustment, then the registered class."""
+    """The strategy object for a name, built but not bound: ``strategy="auto"`` answered by the hook, then the owning
+    plugin's adjustment, then the registered class with its registered options.
+
+    ``Fabric(...)`` and ``fabric run`` (which only reads the class's launcher) both decide through it.
+    ``interactive`` defaults to whether this process is interactive (a notebook picks a forking strategy).
+    """
     from fabric_core.strategies.base import Strategy
 
     if not isinstance(strategy, str):
         raise TypeError(f"`strategy` must be a name or a Strategy instance, got {type(strategy).__name__}.")
     name = strategy.strip().lower()
     if name == "auto":
-        answer = registry.decisions.auto_strategy(accelerator, num_devices, num_nodes, is_interactive())
+        interactive = is_interactive() if interactive is None else interactive
+        answer = registry.decisions.auto_strategy(accelerator, num_devices, num_nodes, interactive)
         if answer is None:
             raise ValueError(_no_auto_strategy_message(registry, accelerator, num_devices, num_nodes))
         if isinstance(answer, Strategy):
@@ -331,8 +343,10 @@ def resolve(
     precision: Any,
     plugins: Any,
 ) -> Resolved:
-    """Resolve all arguments (after CLI overrides): one step per decision, each answered through a hook."""
-    from fabric_core.strategies.base import Strategy
+    """Resolve all arguments (after CLI overrides): one step per decision, each answered through a hook, then one
+    binding step (:meth:`Strategy.bind <fabric_core.strategies.base.Strategy.bind>`) that hands the strategy
+    everything decided."""
+    from fabric_core.strategies.base import Binding, Strategy
 
     registry = get_registry()
     args = apply_cli_settings(
@@ -362,19 +376,22 @@ def resolve(
         or registry.decisions.detect_cluster_environment()
     )
     if strategy_obj is None:
-        strategy_obj = _strategy_by_name(registry, strategy, accelerator_obj, len(device_list), num_nodes)
-    strategy_obj.attach(
-        accelerator=accelerator_obj,
-        devices=device_list,
-        num_nodes=num_nodes,
-        cluster_environment=environment,
-        checkpoint_io=user.checkpoint_io,
-        find_checkpoint_reader=find_checkpoint_reader,
-    )
+        strategy_obj = resolve_strategy(registry, strategy, accelerator_obj, len(device_list), num_nodes)
     precision_obj = _resolve_precision(registry, precision, user, strategy_obj, accelerator_obj)
     precision_obj.configure(accelerator_obj.device_type)
-    strategy_obj.precision = precision_obj
-    strategy_obj.launcher = registry.decisions.select_launcher(strategy_obj)
+    # The one binding step: the strategy receives every decision at once and is complete on return.
+    strategy_obj.bind(
+        Binding(
+            accelerator=accelerator_obj,
+            devices=device_list,
+            num_nodes=num_nodes,
+            cluster_environment=environment,
+            checkpoint_io=user.checkpoint_io,
+            precision=precision_obj,
+            select_launcher=registry.decisions.select_launcher,
+            find_checkpoint_reader=find_checkpoint_reader,
+        )
+    )
 
     launcher = strategy_obj.launcher
     if launcher is not None and is_interactive() and not launcher.is_interactive_compatible:

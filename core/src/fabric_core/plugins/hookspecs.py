@@ -145,8 +145,9 @@ def fabric_select_precision(
 ) -> Precision | None:
     """Return the precision object that ``strategy`` needs for the canonical precision name ``precision``.
 
-    Asked after the strategy itself had its say: ``strategy`` is fully attached (accelerator, devices, nodes,
-    environment), and a strategy that needs its own precision type (FSDP, DeepSpeed, XLA) returns it from
+    Asked after the strategy itself had its say and before it is bound (``strategy`` is as constructed; the
+    resolved ``accelerator`` is passed), and a strategy that needs its own precision type (FSDP, DeepSpeed, XLA)
+    returns it from
     :meth:`~fabric_core.strategies.base.Strategy.precision_for`, so this hook only sees strategies that leave the
     choice to others. ``precision`` is normalised (``"bf16-mixed"``, ``"32-true"``, ...) when a registered
     precision knows the name, otherwise it is the user's value lower-cased. Implement it for a rule across
@@ -169,8 +170,10 @@ def fabric_detect_cluster_environment(registry: Registry) -> ClusterEnvironment 
 def fabric_select_launcher(registry: Registry, strategy: Strategy) -> Launcher | None:
     """Return the launcher that starts the processes for ``strategy``, or ``None`` for "no launcher".
 
-    The core's default (``trylast``) builds the registered launcher named by ``strategy.launcher_name``,
-    unless the cluster environment already created the processes (``fabric run``, torchrun, SLURM ...).
+    Asked last in the binding step (:meth:`~fabric_core.strategies.base.Strategy.bind`), so ``strategy`` is complete
+    (devices, environment, precision). The core's default (``trylast``) builds the registered launcher named by
+    ``strategy.launcher_name``, unless the cluster environment already created the processes (``fabric run``,
+    torchrun, SLURM ...).
     """
 
 

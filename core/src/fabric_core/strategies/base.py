@@ -17,6 +17,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,8 +41,7 @@ if TYPE_CHECKING:
     from fabric_core.io.state import Filter
     from fabric_core.launchers.base import Launcher
 
-__all__ = ["REDUCE_OPS", "BackwardSyncControl", "Strategy", "check_reduce_op"]
-
+__all__ = ["REDUCE_OPS", "BackwardSyncControl", "Binding", "Strategy", "check_reduce_op", "require_precision_type"]
 
 
 def __getattr__(name: str) -> Any:
@@ -71,6 +71,63 @@ def check_reduce_op(reduce_op: Any) -> str | Any:
         f"Unsupported reduce_op {reduce_op!r} ({type(reduce_op).__name__}): use 'mean', 'sum', 'max', 'min',"
         " 'product', or a `torch.distributed.ReduceOp`."
     )
+
+
+def require_precision_type(
+    precision: Precision | None,
+    *,
+    strategy: str,
+    name: str,
+    needs: type[Precision],
+    supported: Iterable[str],
+    reason: str,
+    also_accepted: tuple[type[Precision], ...] = (),
+) -> None:
+    """Refuse a precision object that a strategy whose engine does the casting cannot drive.
+
+    For :meth:`Strategy.check_precision` of a strategy that owns its precision type (FSDP, DeepSpeed, or a plugin's
+    float8 strategy): anything but ``needs`` (or a subclass) and the exact types in ``also_accepted`` is a
+    ``TypeError`` that names the strategy (``strategy``, its label; ``name``, its registered name), the precision
+    given, the type it needs, why (``reason``), and how to ask for it (``supported``: the names ``needs`` takes).
+    ``None`` (nothing set yet) passes.
+    """
+    if precision is None or isinstance(precision, needs) or type(precision) in also_accepted:
+        return
+    value = getattr(precision, "precision", None)
+    supported = tuple(supported)
+    package = needs.__module__.split(".", 1)[0]
+    hint = (
+        f" Pass `{needs.__name__}({value!r})` (from {package}) or the name, `Fabric(strategy={name!r},"
+        f" precision={value!r})`."
+        if value in supported
+        else f" Pass one of {supported} as `precision=`, or a `{needs.__name__}`."
+    )
+    raise TypeError(
+        f"The {strategy} strategy can only work with the `{needs.__name__}` plugin, found {precision!r}. {reason}"
+        + hint
+    )
+
+
+@dataclass(frozen=True)
+class Binding:
+    """Everything the resolver decided for one strategy, handed over at once by :meth:`Strategy.bind`.
+
+    ``precision`` is final (the user's, the strategy's own, or the one :meth:`Strategy.precision_for` or the
+    ``fabric_select_precision`` hook gave, already configured for the accelerator). ``select_launcher`` is the
+    ``fabric_select_launcher`` decision: a launcher is built around the strategy it starts, so it is asked last,
+    inside the binding step, with the strategy complete. ``find_checkpoint_reader`` returns the reader of a
+    checkpoint folder's format (the ``fabric_select_checkpoint_reader`` hook), so loading a format owned by another
+    plugin needs no registry.
+    """
+
+    accelerator: Accelerator
+    devices: list[torch.device]
+    num_nodes: int
+    cluster_environment: ClusterEnvironment | None
+    checkpoint_io: CheckpointIO | None
+    precision: Precision
+    select_launcher: Callable[[Strategy], Launcher | None]
+    find_checkpoint_reader: FindReader | None = None
 
 
 class BackwardSyncControl(ABC):
@@ -107,9 +164,9 @@ class Strategy(ABC):
         self._accelerator = accelerator
         #: The checkpoint I/O set on this strategy (by its constructor or the resolver), or ``None`` for the default.
         self.configured_checkpoint_io: CheckpointIO | None = checkpoint_io
-        #: The precision set on this strategy (by its constructor or the resolver), or ``None`` so far. A plain
-        #: attribute, so the per-step fast paths of the wrappers compare it without a property call; assign
-        #: :attr:`precision` to change it.
+        #: The precision set on this strategy (by its constructor or :meth:`bind`), or ``None`` so far. A plain
+        #: attribute, so the per-step fast paths of the wrappers compare it without a property call; read it, and
+        #: assign :attr:`precision` (before binding) to change it.
         self.check_precision(precision)
         self.configured_precision: Precision | None = precision
         self._launcher: Launcher | None = None
@@ -117,8 +174,41 @@ class Strategy(ABC):
         self._num_nodes = 1
         self._find_checkpoint_reader: FindReader | None = None
         self._snapshot_buffers: SnapshotBuffers | None = None  # made by the first save (`_snapshots`)
+        self._bound = False
 
-    # ---------------------------------------------------------------------------------------- wiring
+    # ---------------------------------------------------------------------------------------- binding
+    def bind(self, binding: Binding) -> None:
+        """The binding step: receive what the resolver decided, all at once, and be complete on return.
+
+        In order: :meth:`attach` (accelerator, devices, nodes, environment, checkpoint I/O, reader lookup: where a
+        strategy completes itself), the precision (checked by :meth:`check_precision`), then the launcher that
+        ``binding.select_launcher`` builds around the now complete strategy. From then on :attr:`precision` and
+        :attr:`launcher` are read-only. ``Fabric(...)`` calls it once; a strategy extends :meth:`attach`, not this.
+        """
+        self.attach(
+            accelerator=binding.accelerator,
+            devices=binding.devices,
+            num_nodes=binding.num_nodes,
+            cluster_environment=binding.cluster_environment,
+            checkpoint_io=binding.checkpoint_io,
+            find_checkpoint_reader=binding.find_checkpoint_reader,
+        )
+        self.check_precision(binding.precision)
+        self.configured_precision = binding.precision
+        self._launcher = binding.select_launcher(self)
+        self._bound = True
+
+    @property
+    def bound(self) -> bool:
+        """Whether :meth:`bind` has run: the strategy is complete, and its precision and launcher are read-only."""
+        return self._bound
+
+    def _refuse_after_binding(self, member: str, how: str) -> None:
+        if self._bound:
+            raise AttributeError(
+                f"`{type(self).__name__}.{member}` is read-only once `Fabric(...)` has bound the strategy: {how}"
+            )
+
     def attach(
         self,
         *,
@@ -129,10 +219,11 @@ class Strategy(ABC):
         checkpoint_io: CheckpointIO | None,
         find_checkpoint_reader: FindReader | None = None,
     ) -> None:
-        """Receive what the resolver decided. Values the user set on the strategy itself are kept.
+        """The first part of :meth:`bind`: the topology and checkpoint I/O the resolver decided. Values the user set
+        on the strategy itself are kept.
 
-        ``find_checkpoint_reader`` returns the reader of a checkpoint directory's format (the
-        ``fabric_select_checkpoint_reader`` hook), so loading a format owned by another plugin needs no registry.
+        A strategy that completes itself from these (its devices, a check against the accelerator, a mesh) extends
+        this method; the resolver does not call it on its own. ``find_checkpoint_reader``: see :class:`Binding`.
         """
         if self._accelerator is None:
             self._accelerator = accelerator
@@ -154,14 +245,23 @@ class Strategy(ABC):
 
     @property
     def precision(self) -> Precision:
-        """The precision in use: the one set (constructor, resolver, assignment) or :meth:`default_precision`.
-        Assigning one calls :meth:`check_precision` first."""
+        """The precision in use: the one set (constructor, assignment, :meth:`bind`) or :meth:`default_precision`.
+
+        Assigning one (before the strategy is passed to ``Fabric``) calls :meth:`check_precision` first; once bound
+        it is read-only (``AttributeError``): the models and optimizers set up were prepared for it.
+        """
         if self.configured_precision is None:
             self.configured_precision = self.default_precision()
         return self.configured_precision
 
     @precision.setter
     def precision(self, precision: Precision | None) -> None:
+        self._refuse_after_binding(
+            "precision",
+            f"models and optimizers were prepared for {self.configured_precision!r}. Choose the precision when the"
+            f" Fabric is created: `Fabric(precision=...)`, `Fabric(plugins=[precision])`, or"
+            f" `{type(self).__name__}(precision=...)` before passing the strategy to `Fabric(strategy=...)`.",
+        )
         self.check_precision(precision)
         self.configured_precision = precision
 
@@ -173,8 +273,8 @@ class Strategy(ABC):
         """The precision object this strategy needs for the name ``precision``, or ``None`` to use the one the
         ``fabric_select_precision`` hook gives (the registered precision of that name, by default).
 
-        Asked once, by the resolver, after :meth:`attach` (so devices, nodes and environment are known) and only
-        when neither the user nor the strategy's constructor gave a precision object. ``precision`` is canonical
+        Asked once, by the resolver, before :meth:`bind` (the strategy as constructed, with the resolved
+        ``accelerator``) and only when neither the user nor the strategy's constructor gave a precision object. ``precision`` is canonical
         (``"bf16-mixed"``, ``"32-true"``, ...) when a registered precision knows the name, else the user's value
         lower-cased. A strategy whose engine does the casting (FSDP, DeepSpeed, XLA) returns its own type; raise
         ``ValueError`` for a name it cannot run.
@@ -183,8 +283,9 @@ class Strategy(ABC):
 
     def check_precision(self, precision: Precision | None) -> None:  # noqa: B027 (optional hook)
         """Refuse, with what to use instead, a precision object this strategy cannot drive (one made for another
-        strategy would bypass its casting). Called whenever a precision is set: constructor, resolver, assignment.
-        Every precision is accepted by default."""
+        strategy would bypass its casting). Called whenever a precision is set: constructor, assignment, :meth:`bind`.
+        Every precision is accepted by default; a strategy that owns its precision type calls
+        :func:`require_precision_type`."""
 
     @property
     def checkpoint_io(self) -> CheckpointIO:
@@ -208,12 +309,18 @@ class Strategy(ABC):
 
     @property
     def launcher(self) -> Launcher | None:
-        """The launcher that starts this strategy's processes (the ``fabric_select_launcher`` decision, made by the
-        resolver once the strategy is attached and has its precision), or ``None``: everything runs here."""
+        """The launcher that starts this strategy's processes (the ``fabric_select_launcher`` decision, made last in
+        :meth:`bind`), or ``None``: everything runs here. Read-only once bound (``AttributeError``)."""
         return self._launcher
 
     @launcher.setter
     def launcher(self, launcher: Launcher | None) -> None:
+        self._refuse_after_binding(
+            "launcher",
+            f"the `fabric_select_launcher` hook chose {self._launcher!r}. To start the processes another way, answer"
+            " that hook for this strategy from a plugin, or set the strategy's `launcher_name` to a registered"
+            " launcher.",
+        )
         self._launcher = launcher
 
     # ---------------------------------------------------------------------------------------- topology

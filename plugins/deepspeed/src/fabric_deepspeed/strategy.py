@@ -32,6 +32,7 @@ from fabric_core.io.format import CheckpointFormat, FormatContext
 from fabric_core.io.location import CheckpointLocation
 from fabric_core.io.state import Filter
 from fabric_core.precision.base import Precision
+from fabric_core.strategies.base import require_precision_type
 from fabric_core.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy, collective_timeout
 from fabric_core.utilities.rank_zero import rank_zero_warn
 from fabric_deepspeed import checkpoint as ds_checkpoint
@@ -57,18 +58,13 @@ _CLIPPING = (
 
 def _check_precision(precision: Precision | None) -> None:
     """The engine casts, scales and steps: another strategy's precision object would bypass it."""
-    if precision is None or isinstance(precision, DeepSpeedPrecision):
-        return
-    name = getattr(precision, "precision", None)
-    hint = (
-        f" Pass `DeepSpeedPrecision({name!r})` (from fabric_deepspeed) or the name, `Fabric(strategy='deepspeed',"
-        f" precision={name!r})`."
-        if name in SUPPORTED
-        else f" Pass one of {SUPPORTED} as `precision=`, or a `DeepSpeedPrecision`."
-    )
-    raise TypeError(
-        f"The DeepSpeed strategy can only work with the `DeepSpeedPrecision` plugin, found {precision!r}. DeepSpeed's"
-        " engine does the casting, loss scaling and stepping itself." + hint
+    require_precision_type(
+        precision,
+        strategy="DeepSpeed",
+        name="deepspeed",
+        needs=DeepSpeedPrecision,
+        supported=SUPPORTED,
+        reason="DeepSpeed's engine does the casting, loss scaling and stepping itself.",
     )
 
 

@@ -19,6 +19,7 @@ from torch.nn import Module
 from torch.optim import Optimizer
 
 from fabric_core.precision.base import Precision
+from fabric_core.strategies.base import require_precision_type
 from fabric_core.strategies.parallel import DEFAULT_TIMEOUT
 from fabric_core.utilities.rank_zero import rank_zero_warn
 from fabric_fsdp import arguments, sharding
@@ -40,20 +41,17 @@ def _check_precision(precision: Precision | None) -> None:
     fight it. The core's 32-true and 64-true precisions are fine (FSDP2 shards the model as they leave it)."""
     from fabric_core.precision.double import DoublePrecision
     from fabric_core.precision.full import FullPrecision
-
-    if precision is None or isinstance(precision, FSDPPrecision) or type(precision) in (Precision, FullPrecision, DoublePrecision):
-        return
-    name = getattr(precision, "precision", None)
     from fabric_fsdp.precision import SUPPORTED
 
-    hint = (
-        f" Pass `FSDPPrecision({name!r})` (from fabric_fsdp) or the name, `Fabric(strategy='fsdp', precision={name!r})`."
-        if name in SUPPORTED
-        else f" Pass one of {SUPPORTED} as `precision=`, or an `FSDPPrecision`."
-    )
-    raise TypeError(
-        f"The FSDP strategy can only work with the `FSDPPrecision` plugin, found {precision!r}. FSDP2 applies mixed"
-        " and half precision through its sharding policy, not through another strategy's precision plugin." + hint
+    require_precision_type(
+        precision,
+        strategy="FSDP",
+        name="fsdp",
+        needs=FSDPPrecision,
+        supported=SUPPORTED,
+        reason="FSDP2 applies mixed and half precision through its sharding policy, not through another strategy's"
+        " precision plugin.",
+        also_accepted=(Precision, FullPrecision, DoublePrecision),
     )
 
 
