@@ -49,6 +49,8 @@ SITES: dict[str, tuple[Path, ...]] = {
     ),
     # A third-party plugin written against the import paths from before the plugin host moved (deprecation shims).
     "old_paths": (PLUGIN_FIXTURES / "old_paths",),
+    # A checkpoint format registered by a distribution that provides no strategy.
+    "formats": (PLUGIN_FIXTURES / "keyed_format",),
 }
 
 

@@ -353,3 +353,62 @@ def test_first_party_names_are_not_taken_silently(plugin_sites):
     assert result["ddp"] == "fabric-ddp" and result["squatter_single"] == "fabric-aaa-squatter"
     assert result["error"] is None
     assert any("'ddp' registered by fabric-aaa-squatter is ignored: fabric-ddp has it" in w for w in result["warnings"])
+
+
+_KEYED_FORMAT_JOB = '''
+import json, sys
+import torch
+from fabric_core import Fabric
+from fabric_core.plugins import get_registry
+
+folder, out = sys.argv[1], sys.argv[2]
+fabric = Fabric(accelerator="cpu", strategy="ddp", devices=2)
+fabric.launch()
+torch.manual_seed(0)
+model = fabric.setup(torch.nn.Linear(3, 2))
+registry = get_registry()
+lazy = "fabric_keyed_format.format" not in sys.modules
+keyed = registry.create("checkpoint_format", "keyed_folder")
+fabric.strategy.save_checkpoint(folder, {"model": model, "step": 7}, checkpoint_format=keyed)
+fabric.barrier()
+# The strategy's own formats do not know the folder: the registered format that recognises it reads it.
+fresh = torch.nn.Linear(3, 2)
+remainder = fabric.load(folder, {"model": fresh})
+if fabric.is_global_zero:
+    with open(out, "w") as file:
+        json.dump({
+            "lazy_until_created": lazy,
+            "distribution": registry.get("checkpoint_format", "keyed_folder").distribution,
+            "strategy": type(fabric.strategy).__module__,
+            "remainder": remainder,
+            "same_weights": torch.equal(fresh.weight, model.module.weight),
+        }, file)
+'''
+
+
+def test_hook_fabric_register_checkpoint_formats_installed_format_used_by_a_strategy_it_does_not_own(plugin_sites, tmp_path):
+    """fabric-keyed-format registers a checkpoint format and no strategy. Really pip-installed, it is written by
+    DDP (two processes, the core's folder commit) and loaded back by ``fabric.load`` without naming it; then
+    ``fabric consolidate`` reads the folder through the same registration."""
+    from jobs import read_json, run_script
+
+    site = plugin_sites.site("formats")
+    script = tmp_path / "keyed_job.py"
+    script.write_text(_KEYED_FORMAT_JOB)
+    folder, out = tmp_path / "keyed-ckpt", tmp_path / "result.json"
+    run_script(script, str(folder), str(out), tmp_path=tmp_path, timeout=180, env={"PYTHONPATH": str(site)})
+    assert read_json(out) == {
+        "lazy_until_created": True,
+        "distribution": "fabric-keyed-format",
+        "strategy": "fabric_ddp.strategy",
+        "remainder": {"step": 7},
+        "same_weights": True,
+    }
+    assert sorted(p.name for p in folder.iterdir()) == ["keys.json", "model.pt", "step.pt"]
+
+    done = plugin_sites.run("formats", ["fabric", "consolidate", str(folder)])
+    assert done.returncode == 0, done.stderr
+    import torch
+
+    single = torch.load(tmp_path / "keyed-ckpt.consolidated", weights_only=True)
+    assert single["step"] == 7 and set(single["model"]) == {"weight", "bias"}

@@ -56,6 +56,7 @@ __all__ = [
     "is_temporary",
     "leftovers",
     "remove_leftovers",
+    "save_file",
 ]
 
 TEMP_MARK = ".tmp-"
@@ -237,8 +238,16 @@ def swap_into_place(tmp: Path, target: Path) -> None:
     fsync_directory(target.parent)
 
 
-def check_replaceable(target: Path, is_checkpoint: Callable[[Path], bool], description: str = "a checkpoint") -> None:
-    """Refuse to replace a non-empty directory that is not ``description`` (it may hold the user's files)."""
+def check_replaceable(
+    target: CheckpointLocation | Path, is_checkpoint: Callable[[Path], bool], description: str = "a checkpoint"
+) -> None:
+    """Refuse to replace a non-empty local directory that is not ``description`` (it may hold the user's files).
+    At a URL a folder checkpoint is a new version beside the old ones (:mod:`fabric_core.io.remote`): nothing to
+    refuse."""
+    if isinstance(target, CheckpointLocation):
+        if target.is_url:
+            return
+        target = target.path
     if target.is_dir() and any(target.iterdir()) and not is_checkpoint(target):
         raise FileExistsError(
             f"Cannot save a checkpoint to {str(target)!r}: it is a non-empty directory that is not {description},"
@@ -466,6 +475,16 @@ def atomic_save(obj: Any, path: str | os.PathLike, *, durable_in_background: boo
     return None
 
 
+def save_file(obj: Any, location: CheckpointLocation, storage_options: dict[str, Any] | None = None) -> None:
+    """``torch.save(obj)`` at ``location``, whole or not at all: :func:`atomic_save` on a local disk, one upload at
+    a URL (:func:`fabric_core.io.remote.save`; ``storage_options`` are fsspec's). A format writes its files through
+    this and never decides "local path or URL" itself."""
+    if location.is_url:
+        remote.save(obj, location.url, storage_options)
+    else:
+        atomic_save(obj, location.path)
+
+
 # ---------------------------------------------------------------------------------------------------------- folders
 def commit_directory(
     target: CheckpointLocation | str | os.PathLike, write: Callable[[CheckpointLocation], None], coordinator: Coordinator
@@ -599,4 +618,4 @@ def committed_folder(location: CheckpointLocation) -> CheckpointLocation:
     """Where the files of the folder checkpoint published at ``location`` are: the folder itself on a local disk,
     the committed version on an object store (:func:`fabric_core.io.remote.committed_version`). Formats read
     (and recognise) their folders through this."""
-    return remote.committed_version(location) if location.is_url else location
+    return location.committed()

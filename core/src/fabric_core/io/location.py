@@ -10,15 +10,23 @@ A URL is never turned into a local path: ``os.fspath(location)`` (and so ``Path(
 works for a local location and raises :class:`NotALocalPathError` for a URL, instead of silently creating a folder
 named ``s3:`` in the working directory. ``str(location)`` is the path or the URL as text.
 
+What formats would otherwise branch on is done here, once for both kinds: finding a folder checkpoint's committed
+files (:meth:`CheckpointLocation.committed`), and a local view of a folder for libraries that only read or write
+local files (:meth:`CheckpointLocation.local_view`, :meth:`CheckpointLocation.local_staging`). Writing one file
+whole or not at all is :func:`fabric_core.io.commit.save_file` (commits import locations, not the reverse).
+
 ``file://`` URLs are local paths. Every other scheme (``s3://``, ``gs://``, ``az://``, ``memory://``, ...) is
 reached through fsspec (:mod:`fabric_core.io.remote`), imported only when a URL is used.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -226,6 +234,49 @@ class CheckpointLocation:
                 pass
         elif os.path.isdir(self._text):
             shutil.rmtree(self._text, ignore_errors=True)
+
+    # ------------------------------------------------------------------------------------------------ what formats need
+    def committed(self) -> CheckpointLocation:
+        """Where the files of the folder checkpoint published here are: this folder on a local disk, the version its
+        commit marker names on an object store (:func:`~fabric_core.io.remote.committed_version`). A format reads
+        and recognises its folders through this."""
+        if not self._is_url:
+            return self
+        from fabric_core.io import remote
+
+        return remote.committed_version(self)
+
+    @contextlib.contextmanager
+    def local_view(self) -> Iterator[Path]:
+        """The folder checkpoint here as a local folder, for a library that reads only local files: the folder
+        itself, or a scratch copy of a URL's committed version (every file: make room), removed afterwards."""
+        if not self._is_url:
+            yield self.path
+            return
+        from fabric_core.io import remote
+
+        scratch = Path(tempfile.mkdtemp(prefix="fabric-checkpoint-"))
+        try:
+            remote.download_folder(self.committed(), scratch)
+            yield scratch
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    @contextlib.contextmanager
+    def local_staging(self) -> Iterator[Path]:
+        """A local folder to write this folder's files into, for a library that writes only local files: the
+        folder itself, or a scratch folder that is uploaded here when the block succeeds, removed afterwards."""
+        if not self._is_url:
+            yield self.path
+            return
+        from fabric_core.io import remote
+
+        scratch = Path(tempfile.mkdtemp(prefix="fabric-checkpoint-"))
+        try:
+            yield scratch
+            remote.upload_folder(scratch, self)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
 
     # ------------------------------------------------------------------------------------------------ protocol
     def __fspath__(self) -> str:

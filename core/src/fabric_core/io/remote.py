@@ -20,8 +20,11 @@ What each kind of storage guarantees, and so what a save there guarantees:
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import uuid
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fabric_core.io.coordination import Coordinator, publish_together
@@ -29,7 +32,19 @@ from fabric_core.io.coordination import Coordinator, publish_together
 if TYPE_CHECKING:
     from fabric_core.io.location import CheckpointLocation
 
-__all__ = ["COMMIT_MARKER", "StagedVersion", "committed_version", "filesystem", "load", "save", "stage_version"]
+__all__ = [
+    "COMMIT_MARKER",
+    "StagedVersion",
+    "committed_version",
+    "download_folder",
+    "filesystem",
+    "load",
+    "save",
+    "stage_version",
+    "upload_folder",
+]
+
+_CHUNK = 8 << 20
 
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 _INSTALL = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs", "abfss": "adlfs"}
@@ -84,6 +99,26 @@ def load(url: str, map_location: Any, weights_only: bool, storage_options: dict[
 
 
 # ---------------------------------------------------------------------------------------------------- folders
+def download_folder(folder: CheckpointLocation, local: Path) -> None:
+    """Every file under ``folder`` (a URL) into the local folder ``local``, keeping relative paths."""
+    fs, inner = folder.filesystem()
+    base = inner.rstrip("/")
+    for remote_file in fs.find(base):
+        target = local / remote_file[len(base) :].lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with fs.open(remote_file, "rb") as source, open(target, "wb") as sink:
+            shutil.copyfileobj(source, sink, _CHUNK)
+
+
+def upload_folder(local: Path, folder: CheckpointLocation) -> None:
+    """Every file under the local folder ``local`` into ``folder`` (a URL), keeping relative paths."""
+    for root, _, files in os.walk(local):
+        for name in files:
+            source = Path(root, name)
+            with open(source, "rb") as src, folder.child(*source.relative_to(local).parts).open("wb") as dst:
+                shutil.copyfileobj(src, dst, _CHUNK)
+
+
 def committed_version(location: CheckpointLocation) -> CheckpointLocation:
     """The folder that holds the checkpoint at ``location``: its committed version, or ``location`` itself."""
     marker = location.child(COMMIT_MARKER)

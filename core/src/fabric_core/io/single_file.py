@@ -22,7 +22,12 @@ if TYPE_CHECKING:
     from fabric_core.io.background import CheckpointHandle
     from fabric_core.io.checkpoint_io import CheckpointIO
 
-__all__ = ["SingleFileFormat", "read_file"]
+__all__ = ["SingleFileFormat", "is_single_file", "read_file"]
+
+
+def is_single_file(location: CheckpointLocation) -> bool:
+    """Whether a single-file checkpoint may be at ``location``: a file (what is inside is checked when read)."""
+    return location.is_file()
 
 
 def _is_mmap_refusal(err: RuntimeError) -> bool:
@@ -61,20 +66,24 @@ class SingleFileFormat(CheckpointFormat):
     """One file, written by global rank 0 through ``checkpoint_io``; every rank reads it whole (memory-mapped).
 
     Args:
-        checkpoint_io: writes and reads the file.
+        checkpoint_io: writes and reads the file (``TorchCheckpointIO`` when ``None``).
         snapshot_buffers: the CPU buffers an asynchronous save copies the state into, kept by the strategy so the
             next asynchronous save reuses them.
     """
 
     description = "a single file with a full checkpoint"
 
-    def __init__(self, checkpoint_io: CheckpointIO, snapshot_buffers: SnapshotBuffers | None = None) -> None:
+    def __init__(self, checkpoint_io: CheckpointIO | None = None, snapshot_buffers: SnapshotBuffers | None = None) -> None:
+        if checkpoint_io is None:
+            from fabric_core.io.checkpoint_io import TorchCheckpointIO
+
+            checkpoint_io = TorchCheckpointIO()
         self.checkpoint_io = checkpoint_io
         self.snapshot_buffers = snapshot_buffers if snapshot_buffers is not None else SnapshotBuffers()
 
     def recognises(self, location: CheckpointLocation) -> bool:
         """Any file (what is inside is checked when it is read)."""
-        return location.is_file()
+        return is_single_file(location)
 
     def write(
         self,

@@ -19,6 +19,7 @@ from fabric_core.plugins.hookspecs import hookimpl
 
 if TYPE_CHECKING:
     from fabric_core.accelerators.base import Accelerator
+    from fabric_core.io.location import CheckpointLocation
     from fabric_core.plugins.registry import Registrar, Registry
     from fabric_core.strategies.base import Strategy
 
@@ -37,7 +38,10 @@ FIRST_PARTY: dict[str, dict[str, tuple[str, ...]]] = {
             "dp",
         )
     },
-    "fabric-fsdp": {"strategy": ("fsdp", "fsdp_cpu_offload", "fsdp_hybrid", "fsdp_no_reshard", "fsdp_*", "model_parallel")},
+    "fabric-fsdp": {
+        "strategy": ("fsdp", "fsdp_cpu_offload", "fsdp_hybrid", "fsdp_no_reshard", "fsdp_*", "model_parallel"),
+        "checkpoint_format": ("fsdp_sharded",),
+    },
     "fabric-deepspeed": {
         "strategy": (
             "deepspeed",
@@ -49,7 +53,8 @@ FIRST_PARTY: dict[str, dict[str, tuple[str, ...]]] = {
             "deepspeed_stage_3_offload",
             "deepspeed_stage_3_offload_nvme",
             "deepspeed_*",
-        )
+        ),
+        "checkpoint_format": ("deepspeed",),
     },
     "fabric-xla": {
         "strategy": ("xla", "xla_fsdp", "single_xla", "xla_*"),
@@ -160,6 +165,17 @@ def fabric_register_loggers(registrar: Registrar) -> None:
     )
 
 
+@hookimpl
+def fabric_register_checkpoint_formats(registrar: Registrar) -> None:
+    _declare_first_party(registrar)
+    registrar.add(
+        "single_file",
+        _CORE + "io.single_file:SingleFileFormat",
+        description="one torch.save file written by global rank 0 (every strategy's default)",
+        recognised_by=_CORE + "io.single_file:is_single_file",
+    )
+
+
 # ---------------------------------------------------------------------------------------------- default decisions
 
 
@@ -208,3 +224,9 @@ def fabric_select_launcher(registry: Registry, strategy: Strategy) -> Any:
     if strategy.launcher_name is None or (env is not None and env.creates_processes_externally):
         return None
     return registry.create("launcher", strategy.launcher_name, strategy)
+
+
+@hookimpl(trylast=True)
+def fabric_select_checkpoint_reader(registry: Registry, path: CheckpointLocation) -> Any:
+    checkpoint_format = registry.checkpoint_format_for(path)
+    return checkpoint_format.read if checkpoint_format is not None else None

@@ -98,7 +98,7 @@ class Decisions:
     def select_checkpoint_reader(self, path: CheckpointLocation | Path | str) -> CheckpointReader | None:
         from fabric_core.io.location import CheckpointLocation
 
-        return self.call("fabric_select_checkpoint_reader", path=CheckpointLocation.of(path))
+        return self.call("fabric_select_checkpoint_reader", registry=self._registry, path=CheckpointLocation.of(path))
 
     # ------------------------------------------------------------------------------------------ machinery
     def implementations(self, hook_name: str) -> list[Any]:

@@ -111,6 +111,20 @@ def fabric_register_loggers(registrar: Registrar) -> None:
     """
 
 
+@hookspec
+def fabric_register_checkpoint_formats(registrar: Registrar) -> None:
+    """Add checkpoint format names: layouts any strategy can load, and write when asked to.
+
+    ``target`` is a :class:`~fabric_core.io.format.CheckpointFormat` subclass (or import string) constructed as
+    ``target(**init_kwargs)``. Pass ``recognised_by="pkg.layout:is_mine"``, a cheap function ``location -> bool``
+    that imports nothing heavy, so asking which format a checkpoint is in imports your format's module only when it
+    is yours. A checkpoint that the loading strategy's own formats do not recognise is read whole by the first
+    registered format that does (in the load order) and restored through that strategy's adapters; ``fabric
+    consolidate`` reads folders the same way. ``Strategy.save_checkpoint(..., checkpoint_format=...)`` writes
+    with any format (``registry.create("checkpoint_format", name)``). The core registers ``single_file``.
+    """
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Decision hooks (first non-None answer wins)
 # --------------------------------------------------------------------------------------------------------------
@@ -192,17 +206,18 @@ def fabric_adjust_strategy(
 
 
 @hookspec(firstresult=True)
-def fabric_select_checkpoint_reader(path: CheckpointLocation) -> CheckpointReader | None:
+def fabric_select_checkpoint_reader(registry: Registry, path: CheckpointLocation) -> CheckpointReader | None:
     """Return a reader ``reader(path, map_location="cpu", weights_only=None) -> dict`` for the checkpoint at ``path``.
 
     Asked for a checkpoint that is a directory (a sharded FSDP checkpoint, a DeepSpeed folder), which a strategy
     that does not know its format must still load (a single-device or DDP run), and by ``fabric consolidate``.
     The reader returns the whole checkpoint in this one process, in the layout of a single-file checkpoint (the
     model's key holds a plain state dict, optimizers hold torch optimizer state dicts). Return ``None`` when
-    ``path`` is not in your format; recognising it must be cheap (look at file names, import nothing heavy). The
-    core itself reads single files. ``path`` is a :class:`~fabric_core.io.location.CheckpointLocation`: a local path
-    (``Path(path)`` works) or a URL (``path.is_url``; reach it through its methods or ``path.filesystem()``, never
-    ``Path``). A format's bound ``read`` method is such a reader (:class:`~fabric_core.io.format.CheckpointFormat`).
+    ``path`` is not in your format; recognising it must be cheap (look at file names, import nothing heavy).
+    ``path`` is a :class:`~fabric_core.io.location.CheckpointLocation` (a local path or a URL: reach it through its
+    methods). The core's default (``trylast``) answers with the ``read`` of the first registered checkpoint format
+    that recognises ``path`` (:func:`fabric_register_checkpoint_formats`), so a format registered there needs no
+    implementation of this hook; implement it for a reader that is not a registered format.
     """
 
 

@@ -16,4 +16,5 @@ KINDS: dict[str, str] = {
     "launcher": "fabric_register_launchers",
     "environment": "fabric_register_environments",
     "logger": "fabric_register_loggers",
+    "checkpoint_format": "fabric_register_checkpoint_formats",
 }

@@ -26,7 +26,7 @@ import fnmatch
 import importlib
 import re
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -96,6 +96,9 @@ class Entry:
     alias_warnings: dict[str, str | None] = field(default_factory=dict)
     #: environments only: the variables one of which must be set for ``detect()`` to be asked (``None``: always asked)
     detected_by: tuple[str, ...] | None = None
+    #: checkpoint formats only: a cheap ``location -> bool`` (or its import string) asked before the format's module
+    #: is imported (``None``: the format itself is built and asked)
+    recognised_by: Callable[[Any], bool] | str | None = None
     _loaded: type | None = field(default=None, repr=False)
 
     def may_detect(self, environ: Mapping[str, str]) -> bool:
@@ -113,24 +116,38 @@ class Entry:
         if not isinstance(self.target, str):
             self._loaded = self.target
             return self._loaded
-        module_name, _, attr = self.target.partition(":")
-        try:
-            obj: Any = importlib.import_module(module_name)
-            for part in attr.split("."):
-                obj = getattr(obj, part)
-        except Exception as err:
-            version = f" {self.version}" if self.version else ""
-            raise PluginImportError(
-                f"The {self.kind} {self.name!r} is provided by {self.distribution}{version}, but importing"
-                f" {self.target!r} failed: {type(err).__name__}: {err}. Reinstall or upgrade"
-                f" `{self.distribution}`, or pick another {self.kind}."
-            ) from err
-        self._loaded = obj
-        return obj
+        self._loaded = _import_target(self.target, self)
+        return self._loaded
 
     def create(self, *args: Any, **overrides: Any) -> Any:
         cls = self.load()
         return cls(*args, **{**self.init_kwargs, **overrides})
+
+    def may_recognise(self, location: Any) -> bool:
+        """Checkpoint formats: whether ``recognised_by`` lets the format at ``location`` be imported and asked."""
+        check = self.recognised_by
+        if check is None:
+            return True
+        if isinstance(check, str):
+            check = self.recognised_by = _import_target(check, self)
+        return bool(check(location))
+
+
+def _import_target(target: str, entry: Entry) -> Any:
+    """The object an import string ``"package.module:attr"`` of ``entry`` names; a failure names the distribution."""
+    module_name, _, attr = target.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except Exception as err:
+        version = f" {entry.version}" if entry.version else ""
+        raise PluginImportError(
+            f"The {entry.kind} {entry.name!r} is provided by {entry.distribution}{version}, but importing"
+            f" {target!r} failed: {type(err).__name__}: {err}. Reinstall or upgrade"
+            f" `{entry.distribution}`, or pick another {entry.kind}."
+        ) from err
+    return obj
 
 
 class NameHint(NamedTuple):
@@ -180,6 +197,7 @@ class Registrar:
         aliases: dict[str, str | None] | None = None,
         override: bool = False,
         detected_by: Iterable[str] | None = None,
+        recognised_by: Callable[[Any], bool] | str | None = None,
         **init_kwargs: Any,
     ) -> None:
         """Register ``name`` (case-insensitive) for ``target`` built with ``init_kwargs``.
@@ -188,6 +206,9 @@ class Registrar:
         ``detected_by`` (cluster environments only): environment variables one of which is always set where the
         environment's ``detect()`` can be true; where none is, automatic detection skips it without importing it
         (``()``: an explicit-only environment, never imported for detection; ``None``: always imported and asked).
+        ``recognised_by`` (checkpoint formats only): a cheap function ``location -> bool``, or its import string,
+        asked before the format's module is imported when a checkpoint's format is looked up (``None``: the format
+        is built and its ``recognises`` asked).
         """
         if not isinstance(name, str) or not name:
             raise TypeError(f"A {self.kind} name must be a non-empty string, got {name!r}.")
@@ -198,6 +219,13 @@ class Registrar:
             )
         if detected_by is not None and self.kind != "environment":
             raise TypeError(f"`detected_by` is for cluster environments; {self.kind} {name!r} cannot take it.")
+        if recognised_by is not None and self.kind != "checkpoint_format":
+            raise TypeError(f"`recognised_by` is for checkpoint formats; {self.kind} {name!r} cannot take it.")
+        if recognised_by is not None and not (callable(recognised_by) or isinstance(recognised_by, str)):
+            raise TypeError(
+                f"`recognised_by` of checkpoint format {name!r} must be a function `location -> bool` or an import"
+                f" string 'package.module:function', got {type(recognised_by).__name__}."
+            )
         if isinstance(detected_by, str):
             raise TypeError(f"`detected_by` of environment {name!r} takes variable names, e.g. ({detected_by!r},).")
         entry = Entry(
@@ -210,6 +238,7 @@ class Registrar:
             version=self.version,
             alias_warnings={str(k).lower(): v for k, v in (aliases or {}).items()},
             detected_by=None if detected_by is None else tuple(detected_by),
+            recognised_by=recognised_by,
         )
         if self._registry._add(entry, override=override):
             self.added.append(entry.name)
@@ -348,6 +377,17 @@ class Registry:
     def create(self, kind: str, name: str, /, *args: Any, **overrides: Any) -> Any:
         """Build the object registered as ``name`` (``kind``/``name`` positional-only: ``overrides`` may hold a ``name``)."""
         return self.get(kind, name).create(*args, **overrides)
+
+    def checkpoint_format_for(self, location: Any) -> Any | None:
+        """The first registered checkpoint format, in the load order, that recognises the checkpoint at ``location``
+        (a :class:`~fabric_core.io.location.CheckpointLocation`), built with its ``init_kwargs``; ``None`` when none
+        does. A format's module is imported only when its ``recognised_by`` (if any) says yes."""
+        for entry in self._entries["checkpoint_format"].values():  # registration order: the load order
+            if entry.may_recognise(location):
+                candidate = entry.create()
+                if candidate.recognises(location):
+                    return candidate
+        return None
 
     # ----------------------------------------------------------------------------------------------- hints
     @property

@@ -654,8 +654,8 @@ class Strategy(ABC):
 
     def checkpoint_formats(self) -> list[CheckpointFormat]:
         """The formats this strategy loads, asked in order which recognises a path; the last one (the single file)
-        takes whatever is not a folder. Folders of formats not listed are read whole through the installed plugin
-        that recognises them (``fabric_select_checkpoint_reader``)."""
+        takes whatever is not a folder. Folders of formats not listed are read whole through the registered format
+        (or the installed plugin's reader) that recognises them (``fabric_select_checkpoint_reader``)."""
         from fabric_core.io.single_file import SingleFileFormat
 
         return [SingleFileFormat(self.checkpoint_io, self._snapshots())]
@@ -666,12 +666,16 @@ class Strategy(ABC):
         state: dict[str, Any],
         storage_options: Any | None = None,
         filter: Filter | None = None,
+        *,
+        checkpoint_format: CheckpointFormat | None = None,
     ) -> None:
-        """Write ``state`` at ``path`` in :meth:`checkpoint_format`; on return (on every rank) it is complete there."""
+        """Write ``state`` at ``path`` in ``checkpoint_format`` (any format, e.g. one a plugin registered:
+        ``registry.create("checkpoint_format", name)``; by default :meth:`checkpoint_format`), through this
+        strategy's :meth:`checkpoint_context`; on return (on every rank) it is complete there."""
         from fabric_core.io.location import CheckpointLocation
 
         location = CheckpointLocation.of(path)
-        self.checkpoint_format().write(
+        (checkpoint_format or self.checkpoint_format()).write(
             location, state, self.checkpoint_context(), filter=filter, storage_options=storage_options
         )
 
@@ -681,13 +685,16 @@ class Strategy(ABC):
         state: dict[str, Any],
         storage_options: Any | None = None,
         filter: Filter | None = None,
+        *,
+        checkpoint_format: CheckpointFormat | None = None,
     ) -> CheckpointHandle:
-        """Snapshot ``state`` now and finish the save in the background (:meth:`CheckpointFormat.write_async`);
-        returns the save's handle (at its ``wait()`` the checkpoint is at ``path`` and durable)."""
+        """Snapshot ``state`` now and finish the save in the background (:meth:`CheckpointFormat.write_async`) in
+        ``checkpoint_format`` (by default :meth:`checkpoint_format`); returns the save's handle (at its ``wait()``
+        the checkpoint is at ``path`` and durable)."""
         from fabric_core.io.location import CheckpointLocation
 
         location = CheckpointLocation.of(path)
-        return self.checkpoint_format().write_async(
+        return (checkpoint_format or self.checkpoint_format()).write_async(
             location, state, self.checkpoint_context(), filter=filter, storage_options=storage_options
         )
 

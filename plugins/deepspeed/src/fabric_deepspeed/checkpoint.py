@@ -25,9 +25,7 @@ import contextlib
 import io
 import os
 import pickle
-import shutil
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,7 +34,7 @@ import torch
 from torch.nn import Module
 from torch.optim import Optimizer
 
-from fabric_core.io.commit import check_replaceable, commit_directory, committed_folder
+from fabric_core.io.commit import check_replaceable, commit_directory
 from fabric_core.io.format import CheckpointFormat, FormatContext
 from fabric_core.io.location import CheckpointLocation
 from fabric_core.io.state import Filter, check_missing, restore_state, state_to_save
@@ -196,43 +194,6 @@ def _plain_client_state(client_state: dict[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in (client_state or {}).items() if k not in _DEEPSPEED_KEYS and not k.startswith("ds_")}
 
 
-# ---------------------------------------------------------------------------------------------------- URLs
-@contextlib.contextmanager
-def _local_folder(location: CheckpointLocation) -> Iterator[Path]:
-    """The checkpoint folder at ``location`` as a local folder: itself, or a scratch copy of a URL's committed
-    version (removed afterwards)."""
-    if not location.is_url:
-        yield location.path
-        return
-    folder = committed_folder(location)
-    scratch = Path(tempfile.mkdtemp(prefix="fabric-deepspeed-"))
-    try:
-        fs, inner = folder.filesystem()
-        base = inner.rstrip("/")
-        for remote_file in fs.find(base):
-            relative = remote_file[len(base) :].lstrip("/")
-            local = scratch / relative
-            local.parent.mkdir(parents=True, exist_ok=True)
-            with fs.open(remote_file, "rb") as source, open(local, "wb") as target:
-                shutil.copyfileobj(source, target, 8 << 20)
-        yield scratch
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _upload(local: Path, folder: CheckpointLocation) -> None:
-    """Every file under ``local`` into ``folder`` (a URL), keeping relative paths."""
-    for root, _, files in os.walk(local):
-        for name in files:
-            source = Path(root, name)
-            with open(source, "rb") as src, folder.child(*source.relative_to(local).parts).open("wb") as dst:
-                shutil.copyfileobj(src, dst, 8 << 20)
-
-
-def _recognises(location: CheckpointLocation) -> bool:
-    return is_deepspeed_checkpoint(committed_folder(location) if location.is_url else location)
-
-
 @contextlib.contextmanager
 def _gathered(module: Module) -> Iterator[None]:
     """Under stage 3, the full parameters for the duration; rank 0's changes are partitioned again at the end."""
@@ -327,18 +288,18 @@ class DeepSpeedFormat(CheckpointFormat):
     """DeepSpeed's checkpoint folder, written by the engine on every rank, committed by the core.
 
     Args:
-        zero_stage: recorded with the checkpoint.
+        zero_stage: recorded with the checkpoint (``None``: unknown, as when built from the registry to read).
         exclude_frozen_parameters: leave parameters with ``requires_grad=False`` out (DeepSpeed's option).
     """
 
     description = "a DeepSpeed checkpoint directory (written by `fabric.save`)"
 
-    def __init__(self, *, zero_stage: int, exclude_frozen_parameters: bool = False) -> None:
+    def __init__(self, *, zero_stage: int | None = None, exclude_frozen_parameters: bool = False) -> None:
         self.zero_stage = zero_stage
         self.exclude_frozen_parameters = exclude_frozen_parameters
 
     def recognises(self, location: CheckpointLocation) -> bool:
-        return _recognises(location)
+        return is_deepspeed_checkpoint(location)
 
     def write(
         self,
@@ -381,27 +342,16 @@ class DeepSpeedFormat(CheckpointFormat):
             ),
         }
         _check_picklable(record)
-        if not location.is_url:
-            check_replaceable(location.path, is_deepspeed_checkpoint, "a DeepSpeed checkpoint")
-
-        def save_into(folder: Path) -> None:
-            engine.save_checkpoint(
-                str(folder),
-                tag=TAG,
-                client_state={FORMAT_KEY: record},
-                exclude_frozen_parameters=self.exclude_frozen_parameters,
-            )
+        check_replaceable(location, is_deepspeed_checkpoint, "a DeepSpeed checkpoint")
 
         def write(folder: CheckpointLocation) -> None:
-            if not folder.is_url:
-                save_into(folder.path)
-                return
-            scratch = Path(tempfile.mkdtemp(prefix="fabric-deepspeed-"))
-            try:
-                save_into(scratch)
-                _upload(scratch, folder)
-            finally:
-                shutil.rmtree(scratch, ignore_errors=True)
+            with folder.local_staging() as local:  # the engine writes local folders only
+                engine.save_checkpoint(
+                    str(local),
+                    tag=TAG,
+                    client_state={FORMAT_KEY: record},
+                    exclude_frozen_parameters=self.exclude_frozen_parameters,
+                )
 
         commit_directory(location, write, context.coordinator)
 
@@ -429,7 +379,7 @@ class DeepSpeedFormat(CheckpointFormat):
             )
         key, engine = find_engine(state, "load")
         optimizer_key = _optimizer_key(state, engine)
-        with _local_folder(location) as path:
+        with location.local_view() as path:
             tag = read_tag(path)
             assert tag is not None  # recognised before
             check_safe_to_load(path, tag, weights_only)
@@ -487,12 +437,12 @@ def load_deepspeed_checkpoint(
     ``"model"``. Needs memory for the full float32 model. A checkpoint at a URL is downloaded to a scratch folder.
     """
     location = CheckpointLocation.of(path)
-    if not _recognises(location):
+    if not is_deepspeed_checkpoint(location):
         raise ValueError(
             f"{str(location)!r} is not a DeepSpeed checkpoint: expected a directory with a {LATEST!r} file naming a"
             " folder of DeepSpeed model states."
         )
-    with _local_folder(location) as local:
+    with location.local_view() as local:
         return _read_local(local, map_location, weights_only)
 
 

@@ -56,10 +56,11 @@ def model_states_files(path: CheckpointLocation | str | os.PathLike, tag: str) -
 
 
 def is_deepspeed_checkpoint(path: CheckpointLocation | str | os.PathLike) -> bool:
-    """True for a folder (local or at a URL) with a ``latest`` file whose tag folder holds model-states files."""
+    """True for a folder (local, or the committed version at a URL) with a ``latest`` file whose tag folder holds
+    model-states files."""
     from fabric_core.io.location import CheckpointLocation
 
-    location = CheckpointLocation.of(path)
+    location = CheckpointLocation.of(path).committed()
     if not location.is_dir():
         return False
     tag = read_tag(location)

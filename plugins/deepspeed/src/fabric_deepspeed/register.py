@@ -1,18 +1,17 @@
-"""fabric-deepspeed's hook implementations: names, and reading DeepSpeed checkpoints.
+"""fabric-deepspeed's hook implementations: its strategies' names and its checkpoint format.
 
-Importing this module is cheap: targets are import strings, and neither torch nor deepspeed is imported here. The
-reader hook recognises a directory from its file names before importing anything. The DeepSpeed precision is the
+Importing this module is cheap: targets are import strings, and neither torch nor deepspeed is imported here. Its
+checkpoint format is recognised from file names (``recognised_by``) before anything is imported. The DeepSpeed precision is the
 strategy's own answer (``DeepSpeedStrategy.precision_for``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fabric_core.plugins import hookimpl
 
 if TYPE_CHECKING:
-    from fabric_core.io.location import CheckpointLocation
     from fabric_core.plugins import Registrar
 
 _STRATEGY = "fabric_deepspeed.strategy:DeepSpeedStrategy"
@@ -66,15 +65,13 @@ def fabric_register_strategies(registrar: Registrar) -> None:
 
 
 @hookimpl
-def fabric_select_checkpoint_reader(path: CheckpointLocation) -> Any:
-    """Read a DeepSpeed checkpoint directory (a ``latest`` tag and its model states) in one process."""
-    from fabric_deepspeed.layout import is_deepspeed_checkpoint
-
-    if not is_deepspeed_checkpoint(path):
-        return None
-    from fabric_deepspeed.checkpoint import load_deepspeed_checkpoint
-
-    return load_deepspeed_checkpoint
+def fabric_register_checkpoint_formats(registrar: Registrar) -> None:
+    registrar.add(
+        "deepspeed",
+        "fabric_deepspeed.checkpoint:DeepSpeedFormat",
+        description="DeepSpeed's checkpoint folder, written by its engine on every rank",
+        recognised_by="fabric_deepspeed.layout:is_deepspeed_checkpoint",
+    )
 
 
 @hookimpl

@@ -476,6 +476,8 @@ class DeepSpeedStrategy(ParallelStrategy):
         state: dict[str, Any],
         storage_options: Any | None = None,
         filter: Filter | None = None,
+        *,
+        checkpoint_format: CheckpointFormat | None = None,
     ) -> CheckpointHandle:
         raise NotImplementedError(
             "`fabric.save(..., async_save=True)` is not supported with DeepSpeed: its engine writes the checkpoint"

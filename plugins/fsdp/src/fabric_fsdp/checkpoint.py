@@ -31,7 +31,8 @@ from torch.nn import Module
 from torch.optim import Optimizer
 
 from fabric_core.io.background import CheckpointHandle
-from fabric_core.io.commit import atomic_save, check_replaceable, commit_directory, commit_directory_async
+from fabric_core.io.commit import check_replaceable, commit_directory, commit_directory_async, save_file
+from fabric_core.io.dcp import storage_reader, storage_writer
 from fabric_core.io.errors import CheckpointPathError
 from fabric_core.io.format import CheckpointFormat, FormatContext
 from fabric_core.io.location import CheckpointLocation
@@ -63,32 +64,6 @@ __all__ = [
 
 #: ``optimizer -> the FSDP model whose parameters it updates`` (``FSDPStrategy.owner``).
 OwnerLookup = Callable[[Optimizer], Module]
-
-
-# ---------------------------------------------------------------------------------------------------- DCP access
-def _reader(location: CheckpointLocation) -> Any:
-    """DCP's reader for a local folder or a URL (fsspec)."""
-    if location.is_url:
-        from torch.distributed.checkpoint._fsspec_filesystem import (
-            FsspecReader,  # not re-exported by torch 2.13
-        )
-
-        return FsspecReader(location.url)
-    from torch.distributed.checkpoint import FileSystemReader
-
-    return FileSystemReader(location.path)
-
-
-def _writer(location: CheckpointLocation) -> Any:
-    if location.is_url:
-        from torch.distributed.checkpoint._fsspec_filesystem import (
-            FsspecWriter,  # not re-exported by torch 2.13
-        )
-
-        return FsspecWriter(location.url)
-    from torch.distributed.checkpoint import FileSystemWriter
-
-    return FileSystemWriter(location.path)
 
 
 # ---------------------------------------------------------------------------------------------------- optimizer keys
@@ -239,7 +214,7 @@ def load_sharded_checkpoint(
     tensors: dict[str, Any] = {}
     # What torch's own dcp_to_torch_save does, minus the file: the public `dcp.load` only fills keys that
     # already exist in the dict it is given, so the empty-dict planner needs the lower-level entry point.
-    _load_state_dict(tensors, storage_reader=_reader(location), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    _load_state_dict(tensors, storage_reader=storage_reader(location), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
     for key in record.get("optimizers", []):
         if key in tensors:
             tensors[key] = optimizer_state_by_position(tensors[key])
@@ -256,16 +231,21 @@ class ShardedFormat(CheckpointFormat):
     ``meta.pt`` (everything else, as a single-file checkpoint would hold it, written last by rank 0).
 
     Args:
-        owner: the FSDP model an optimizer belongs to (its state is keyed by that model's parameter names).
+        owner: the FSDP model an optimizer belongs to (its state is keyed by that model's parameter names);
+            ``None``: the one FSDP model in the state that is saved or loaded.
         stager: the DCP stager asynchronous saves copy into (kept by the strategy so its buffers are reused);
             ``None``: asynchronous saves are refused.
     """
 
     description = "a directory with FSDP checkpoint shards"
 
-    def __init__(self, owner: OwnerLookup, stager: Callable[[], Any] | None = None) -> None:
+    def __init__(self, owner: OwnerLookup | None = None, stager: Callable[[], Any] | None = None) -> None:
         self.owner = owner
         self.stager = stager
+
+    def _model_of(self, optimizer: Optimizer, model: Module | None) -> Module | None:
+        """The FSDP model ``optimizer`` updates: the strategy's answer, else the one FSDP model in the state."""
+        return self.owner(optimizer) if self.owner is not None else model
 
     def recognises(self, location: CheckpointLocation) -> bool:
         return is_sharded_checkpoint(location)
@@ -291,8 +271,7 @@ class ShardedFormat(CheckpointFormat):
                 " `fabric.setup` as part of the state, like `fabric.save(path, {'model': model, 'optimizer':"
                 " optimizer, ...})`."
             )
-        if not location.is_url:
-            check_replaceable(location.path, is_sharded_checkpoint, "an FSDP checkpoint")
+        check_replaceable(location, is_sharded_checkpoint, "an FSDP checkpoint")
         return key, model
 
     def _shards_and_meta(
@@ -308,7 +287,7 @@ class ShardedFormat(CheckpointFormat):
             if key == model_key:
                 continue
             if isinstance(obj, Optimizer):
-                shards[key] = get_optimizer_state_dict(self.owner(obj), obj)
+                shards[key] = get_optimizer_state_dict(self._model_of(obj, model), obj)
                 optimizer_keys.append(key)
             else:
                 rest[key] = obj
@@ -329,13 +308,7 @@ class ShardedFormat(CheckpointFormat):
     @staticmethod
     def _write_meta(meta: dict[str, Any], folder: CheckpointLocation, context: FormatContext) -> None:
         if context.coordinator.is_global_zero:
-            target = folder.child(META_FILE)
-            if target.is_url:
-                from fabric_core.io import remote
-
-                remote.save(meta, target.url)
-            else:
-                atomic_save(meta, target.path)
+            save_file(meta, folder.child(META_FILE))
 
     def write(
         self,
@@ -354,7 +327,7 @@ class ShardedFormat(CheckpointFormat):
         shards, meta = self._shards_and_meta(key, model, state, context)
 
         def write(folder: CheckpointLocation) -> None:
-            dcp.save(shards, storage_writer=_writer(folder))
+            dcp.save(shards, storage_writer=storage_writer(folder))
             self._write_meta(meta, folder, context)
 
         commit_directory(location, write, context.coordinator)
@@ -385,7 +358,7 @@ class ShardedFormat(CheckpointFormat):
         def start(folder: CheckpointLocation) -> Callable[[], None]:
             future = dcp.async_save(
                 shards,
-                storage_writer=_writer(folder),
+                storage_writer=storage_writer(folder),
                 process_group=background_coordinator.group,  # type: ignore[attr-defined] (a process group's coordinator)
                 async_stager=stager,
             )
@@ -446,7 +419,12 @@ class ShardedFormat(CheckpointFormat):
         key, model = find_model(state, "load")
         optimizers = {k: v for k, v in state.items() if isinstance(v, Optimizer) and k in optimizer_keys}
         if model is None and optimizers:
-            model = self.owner(next(iter(optimizers.values())))
+            model = self._model_of(next(iter(optimizers.values())), None)
+            if model is None:
+                raise ValueError(
+                    "Loading an optimizer from a sharded FSDP checkpoint needs its FSDP model: pass both, like"
+                    " `fabric.load(path, {'model': model, 'optimizer': optimizer})`."
+                )
         check_missing(state, {model_key, *optimizer_keys, *meta}, strict)
         if key is not None and key != model_key:
             raise KeyError(
@@ -461,7 +439,7 @@ class ShardedFormat(CheckpointFormat):
             with grads_hidden(opt):
                 shards[k] = get_optimizer_state_dict(model, opt)
         if shards:
-            dcp.load(shards, storage_reader=_reader(folder), planner=DefaultLoadPlanner(allow_partial_load=not strict))
+            dcp.load(shards, storage_reader=storage_reader(folder), planner=DefaultLoadPlanner(allow_partial_load=not strict))
         if key is not None:
             set_model_state_dict(model, shards[model_key], options=StateDictOptions(strict=strict))
         for k, opt in optimizers.items():

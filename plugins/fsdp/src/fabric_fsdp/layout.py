@@ -37,15 +37,11 @@ def sharded_location(path: CheckpointLocation | str | os.PathLike) -> Checkpoint
     """Where the files of the sharded checkpoint at ``path`` are, or ``None`` when it is not one.
 
     Locally that is ``path`` itself: a directory holding a DCP index and our ``meta.pt``. At a URL (an object
-    store) it is the committed version the core's marker names (:func:`fabric_core.io.commit.committed_folder`).
+    store) it is the committed version the core's marker names (:meth:`CheckpointLocation.committed`).
     """
-    from fabric_core.io.commit import committed_folder
     from fabric_core.io.location import CheckpointLocation
 
-    location = CheckpointLocation.of(path)
-    if not location.is_url and not location.is_dir():
-        return None
-    location = committed_folder(location)
+    location = CheckpointLocation.of(path).committed()
     return location if location.child(DCP_METADATA).is_file() and location.child(META_FILE).is_file() else None
 
 

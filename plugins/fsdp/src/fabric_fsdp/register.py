@@ -1,17 +1,16 @@
-"""fabric-fsdp's hook implementations: names, and reading sharded checkpoints.
+"""fabric-fsdp's hook implementations: its strategies' names and its sharded checkpoint format.
 
 Importing this module is cheap: targets are import strings, and ``torch.distributed`` is only imported when a
-path is an FSDP checkpoint. The FSDP precision is the strategy's own answer (``FSDPStrategy.precision_for``).
+path is an FSDP checkpoint (``recognised_by`` looks at file names first). The FSDP precision is the strategy's own answer (``FSDPStrategy.precision_for``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fabric_core.plugins import hookimpl
 
 if TYPE_CHECKING:
-    from fabric_core.io.location import CheckpointLocation
     from fabric_core.plugins import Registrar
 
 _STRATEGY = "fabric_fsdp.strategy:FSDPStrategy"
@@ -46,12 +45,10 @@ def fabric_register_strategies(registrar: Registrar) -> None:
 
 
 @hookimpl
-def fabric_select_checkpoint_reader(path: CheckpointLocation) -> Any:
-    """Read a sharded FSDP checkpoint directory (DCP ``.metadata`` plus our ``meta.pt``) in one process."""
-    from fabric_fsdp.layout import is_sharded_checkpoint
-
-    if not is_sharded_checkpoint(path):
-        return None
-    from fabric_fsdp.checkpoint import load_sharded_checkpoint
-
-    return load_sharded_checkpoint
+def fabric_register_checkpoint_formats(registrar: Registrar) -> None:
+    registrar.add(
+        "fsdp_sharded",
+        "fabric_fsdp.checkpoint:ShardedFormat",
+        description="a folder of DCP shards and meta.pt, written by every rank; loads on any number of ranks",
+        recognised_by="fabric_fsdp.layout:is_sharded_checkpoint",
+    )

@@ -239,6 +239,8 @@ class ShardedStrategy(ParallelStrategy):
         state: dict[str, Any],
         storage_options: Any | None = None,
         filter: Filter | None = None,
+        *,
+        checkpoint_format: CheckpointFormat | None = None,
     ) -> None:
         """Write ``state`` as a sharded directory (all ranks) or as one full file (rank 0, through the
         ``CheckpointIO``, which gets ``storage_options``).
@@ -246,7 +248,7 @@ class ShardedStrategy(ParallelStrategy):
         Exactly one sharded model may be in ``state``; optimizers of that model are saved with it.
         """
         self._require_model(state)
-        super().save_checkpoint(path, state, storage_options, filter)
+        super().save_checkpoint(path, state, storage_options, filter, checkpoint_format=checkpoint_format)
 
     def save_checkpoint_async(
         self,
@@ -254,11 +256,13 @@ class ShardedStrategy(ParallelStrategy):
         state: dict[str, Any],
         storage_options: Any | None = None,
         filter: Filter | None = None,
+        *,
+        checkpoint_format: CheckpointFormat | None = None,
     ) -> CheckpointHandle:
         """Sharded: torch.distributed.checkpoint's asynchronous save, committed by the core in the background.
         Full: the core's snapshot-and-write (the full state dict is gathered now, on every rank)."""
         self._require_model(state)
-        return super().save_checkpoint_async(path, state, storage_options, filter)
+        return super().save_checkpoint_async(path, state, storage_options, filter, checkpoint_format=checkpoint_format)
 
     def dcp_stager(self) -> Any:
         """The stager asynchronous sharded saves copy into; kept so its CPU buffers are reused by the next save."""
