@@ -90,7 +90,9 @@ def test_plugins_table_of_an_installed_distribution(plugin_sites):
         "not checked",
     ]
     assert rows[("precision", "32-true")][2:4] == ["32", "fabric-core"]
-    assert {kind for kind, _ in rows} == {"accelerator", "strategy", "precision", "launcher", "environment", "logger"}
+    assert {kind for kind, _ in rows} == {
+        "accelerator", "strategy", "precision", "launcher", "environment", "logger", "checkpoint_format"
+    }
     assert rows[("logger", "csv")][2:4] == ["-", "fabric-core"]
     assert "fabric plugins --check" in done.stdout
 
