@@ -154,6 +154,15 @@ def test_each_fabric_run_option_is_declared_once_and_forwarded_from_its_declarat
     } - {"strategy"}
 
 
+# ------------------------------------------------------------------------------------------------ process-group keywords
+def test_the_process_group_keywords_are_declared_once():
+    from fabric_core.strategies.parallel import ParallelOptions, ParallelStrategy, split_parallel_options
+
+    assert list(inspect.signature(ParallelStrategy.__init__).parameters)[1:] == list(ParallelOptions.__annotations__)
+    options, rest = split_parallel_options({"timeout": None, "start_method": "spawn", "static_graph": True})
+    assert options == {"timeout": None, "start_method": "spawn"} and rest == {"static_graph": True}
+
+
 # ------------------------------------------------------------------------------------------------ precision type
 class Float8Precision(Precision):
     """A precision type that only its own strategy can drive (as a float8 plugin's would be)."""

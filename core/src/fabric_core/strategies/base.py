@@ -236,7 +236,7 @@ class Strategy(ABC):
 
     @property
     def accelerator(self) -> Accelerator | None:
-        """The accelerator set on the strategy, or the one the resolver attached (``None`` before that)."""
+        """The accelerator set on the strategy, or the one the binding step gave (``None`` before that)."""
         return self._accelerator
 
     @accelerator.setter

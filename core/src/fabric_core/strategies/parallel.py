@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 from torch import Tensor
@@ -305,6 +305,29 @@ class ProcessGroupCollectives(Collectives):
         if self._unlimited_group is None:
             raise RuntimeError("call `prepare_barrier_without_timeout()` on every rank first")
         _dist().barrier(group=self._unlimited_group)
+
+
+class ParallelOptions(TypedDict, total=False):
+    """The keywords of :class:`ParallelStrategy` (its ``Args`` say what each does), declared once for its subclasses:
+    a subclass takes them as ``**options: Unpack[ParallelOptions]`` (or splits them from its engine's keywords with
+    :func:`split_parallel_options`) and passes them on, instead of copying each through its constructor."""
+
+    accelerator: Accelerator | None
+    parallel_devices: list[torch.device] | None
+    cluster_environment: ClusterEnvironment | None
+    checkpoint_io: CheckpointIO | None
+    precision: Precision | None
+    process_group_backend: str | None
+    timeout: timedelta | None
+    start_method: str
+
+
+def split_parallel_options(kwargs: dict[str, Any]) -> tuple[ParallelOptions, dict[str, Any]]:
+    """``kwargs`` of a subclass constructor that also takes its engine's keywords (DDP's, FSDP1's): the
+    :class:`ParallelOptions`, and the rest."""
+    names = ParallelOptions.__annotations__
+    options: ParallelOptions = {name: value for name, value in kwargs.items() if name in names}  # type: ignore[assignment]
+    return options, {name: value for name, value in kwargs.items() if name not in names}
 
 
 class ParallelStrategy(ProcessGroupCollectives, ProcessPerDevice):

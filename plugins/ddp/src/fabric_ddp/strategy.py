@@ -8,7 +8,6 @@ removed again for checkpoints.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -17,12 +16,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from fabric_core.strategies.base import BackwardSyncControl, Strategy
 from fabric_core.strategies.collectives import OneProcessCollectives
-from fabric_core.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
+from fabric_core.strategies.parallel import ParallelStrategy, split_parallel_options
 from fabric_core.utilities import rank_zero
 
 if TYPE_CHECKING:
     from fabric_core.accelerators.base import Accelerator
-    from fabric_core.environments.base import ClusterEnvironment
     from fabric_core.io.checkpoint_io import CheckpointIO
     from fabric_core.precision.base import Precision
 
@@ -55,36 +53,16 @@ class DDPStrategy(ParallelStrategy):
     """Replicate the model in every process and average gradients during backward (``DistributedDataParallel``).
 
     Args:
-        start_method: ``"popen"`` (default: re-run the script for each extra local rank), ``"spawn"``,
-            ``"fork"`` or ``"forkserver"`` (run a function given to ``fabric.launch`` in new processes).
-        process_group_backend: ``"gloo"``/``"nccl"``/...; by default nccl on CUDA, gloo otherwise.
-        timeout: how long collectives may wait for the other ranks.
-        **ddp_kwargs: passed to ``torch.nn.parallel.DistributedDataParallel`` (``find_unused_parameters``,
-            ``static_graph``, ``gradient_as_bucket_view``, ``bucket_cap_mb``, ...).
+        **kwargs: the keywords of :class:`~fabric_core.strategies.ParallelStrategy` (``start_method``: ``"popen"``,
+            the default, re-runs the script for each extra local rank; ``"spawn"``, ``"fork"`` or ``"forkserver"``
+            run a function given to ``fabric.launch`` in new processes; ``process_group_backend``; ``timeout``;
+            ...); every other keyword goes to ``torch.nn.parallel.DistributedDataParallel``
+            (``find_unused_parameters``, ``static_graph``, ``gradient_as_bucket_view``, ``bucket_cap_mb``, ...).
     """
 
-    def __init__(
-        self,
-        accelerator: Accelerator | None = None,
-        parallel_devices: list[torch.device] | None = None,
-        cluster_environment: ClusterEnvironment | None = None,
-        checkpoint_io: CheckpointIO | None = None,
-        precision: Precision | None = None,
-        process_group_backend: str | None = None,
-        timeout: timedelta | None = DEFAULT_TIMEOUT,
-        start_method: str = "popen",
-        **ddp_kwargs: Any,
-    ) -> None:
-        super().__init__(
-            accelerator=accelerator,
-            parallel_devices=parallel_devices,
-            cluster_environment=cluster_environment,
-            checkpoint_io=checkpoint_io,
-            precision=precision,
-            process_group_backend=process_group_backend,
-            timeout=timeout,
-            start_method=start_method,
-        )
+    def __init__(self, **kwargs: Any) -> None:
+        options, ddp_kwargs = split_parallel_options(kwargs)
+        super().__init__(**options)
         self._ddp_kwargs = ddp_kwargs
         self._backward_sync = _DDPBackwardSyncControl()
 

@@ -17,12 +17,10 @@ import dataclasses
 import logging
 import os
 from contextlib import AbstractContextManager, ExitStack, nullcontext
-from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
@@ -33,7 +31,7 @@ from fabric_core.io.location import CheckpointLocation
 from fabric_core.io.state import Filter
 from fabric_core.precision.base import Precision
 from fabric_core.strategies.base import require_precision_type
-from fabric_core.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy, collective_timeout
+from fabric_core.strategies.parallel import ParallelStrategy, collective_timeout
 from fabric_core.utilities.rank_zero import rank_zero_warn
 from fabric_deepspeed import checkpoint as ds_checkpoint
 from fabric_deepspeed import config as ds_config
@@ -42,9 +40,11 @@ from fabric_deepspeed.layout import tag_folder_parent
 from fabric_deepspeed.precision import SUPPORTED, DeepSpeedPrecision
 
 if TYPE_CHECKING:
+    from typing import Unpack
+
     from fabric_core.accelerators.base import Accelerator
-    from fabric_core.environments.base import ClusterEnvironment
     from fabric_core.io.checkpoint_io import CheckpointIO
+    from fabric_core.strategies.parallel import ParallelOptions
 
 __all__ = ["DeepSpeedStrategy"]
 
@@ -105,7 +105,8 @@ class DeepSpeedStrategy(ParallelStrategy):
         load_full_weights: accepted for the reference's sake; loading a single-file checkpoint into a stage-3
             model works with or without it.
         exclude_frozen_parameters: leave parameters with ``requires_grad=False`` out of checkpoints.
-        timeout: how long collectives (DeepSpeed's too) wait for the other ranks.
+        **options: the keywords of :class:`~fabric_core.strategies.ParallelStrategy` (``precision``,
+            ``timeout``: how long collectives, DeepSpeed's too, wait for the other ranks; ...).
     """
 
     requires_joint_setup = True
@@ -114,7 +115,7 @@ class DeepSpeedStrategy(ParallelStrategy):
 
     def __init__(
         self,
-        accelerator: Accelerator | None = None,
+        *,
         zero_optimization: bool = True,
         stage: int = 2,
         remote_device: str | None = None,
@@ -144,8 +145,6 @@ class DeepSpeedStrategy(ParallelStrategy):
         logging_batch_size_per_gpu: int | None = None,
         config: str | os.PathLike | dict[str, Any] | None = None,
         logging_level: int = logging.WARN,
-        parallel_devices: list[torch.device] | None = None,
-        cluster_environment: ClusterEnvironment | None = None,
         loss_scale: float = 0,
         initial_scale_power: int = 16,
         loss_scale_window: int = 1000,
@@ -156,19 +155,11 @@ class DeepSpeedStrategy(ParallelStrategy):
         contiguous_memory_optimization: bool = False,
         synchronize_checkpoint_boundary: bool = False,
         load_full_weights: bool = False,
-        precision: Precision | None = None,
-        process_group_backend: str | None = None,
-        timeout: timedelta | None = DEFAULT_TIMEOUT,
         exclude_frozen_parameters: bool = False,
+        **options: Unpack[ParallelOptions],
     ) -> None:
-        super().__init__(
-            accelerator=accelerator,
-            parallel_devices=parallel_devices,
-            cluster_environment=cluster_environment,
-            precision=precision,
-            process_group_backend=process_group_backend,
-            timeout=timeout,
-        )
+        super().__init__(**options)
+        self.check_checkpoint_io(self.configured_checkpoint_io)
         given = dict(locals())
         options = {name: given[name] for name in ds_config.OPTION_DEFAULTS}
         ds_config.check_options(options)

@@ -13,25 +13,24 @@ everything else (meta init, ``no_backward_sync``, clipping over all shards, shar
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn import Module
 
-from fabric_core.strategies.parallel import DEFAULT_TIMEOUT
 from fabric_core.utilities.imports import load_callable
 from fabric_fsdp import sharding
 from fabric_fsdp.sharded import ShardedStrategy
 from fabric_fsdp.sharding import is_dtensor, is_fsdp
 
 if TYPE_CHECKING:
+    from typing import Unpack
+
     from torch.distributed.device_mesh import DeviceMesh
 
     from fabric_core.accelerators.base import Accelerator
-    from fabric_core.environments.base import ClusterEnvironment
-    from fabric_core.io.checkpoint_io import CheckpointIO
     from fabric_core.precision.base import Precision
+    from fabric_core.strategies.parallel import ParallelOptions
 
 __all__ = ["MESH_DIMENSIONS", "ModelParallelStrategy", "mesh_sizes"]
 
@@ -81,8 +80,8 @@ class ModelParallelStrategy(ShardedStrategy):
             or what ``data_parallel_size`` leaves.
         save_distributed_checkpoint: ``True`` (default): a sharded folder every rank writes (DCP; loads on any number
             of processes, also into ``fsdp``); ``False``: one full file written by rank 0, readable everywhere.
-        process_group_backend: ``"gloo"``, ``"nccl"``, ...; by default nccl on CUDA, gloo otherwise.
-        timeout: how long a collective waits for the other ranks.
+        **options: the keywords of :class:`~fabric_core.strategies.ParallelStrategy` (``process_group_backend``,
+            ``timeout``, ``precision``, ...).
     """
 
     full_checkpoint_hint = "save_distributed_checkpoint=False"
@@ -93,15 +92,7 @@ class ModelParallelStrategy(ShardedStrategy):
         data_parallel_size: int | str = "auto",
         tensor_parallel_size: int | str = "auto",
         save_distributed_checkpoint: bool = True,
-        process_group_backend: str | None = None,
-        timeout: timedelta | None = DEFAULT_TIMEOUT,
-        *,
-        accelerator: Accelerator | None = None,
-        parallel_devices: list[torch.device] | None = None,
-        cluster_environment: ClusterEnvironment | None = None,
-        checkpoint_io: CheckpointIO | None = None,
-        precision: Precision | None = None,
-        start_method: str = "popen",
+        **options: Unpack[ParallelOptions],
     ) -> None:
         if parallelize_fn is None:
             raise ValueError(
@@ -112,17 +103,7 @@ class ModelParallelStrategy(ShardedStrategy):
             )
         _check_size(data_parallel_size, "data_parallel_size")
         _check_size(tensor_parallel_size, "tensor_parallel_size")
-        super().__init__(
-            accelerator=accelerator,
-            parallel_devices=parallel_devices,
-            cluster_environment=cluster_environment,
-            checkpoint_io=checkpoint_io,
-            precision=precision,
-            process_group_backend=process_group_backend,
-            timeout=timeout,
-            start_method=start_method,
-            state_dict_type="sharded" if save_distributed_checkpoint else "full",
-        )
+        super().__init__(state_dict_type="sharded" if save_distributed_checkpoint else "full", **options)
         self._parallelize_fn = load_callable(parallelize_fn, "parallelize_fn")
         self._data_parallel_size = data_parallel_size
         self._tensor_parallel_size = tensor_parallel_size

@@ -32,8 +32,11 @@ from fabric_fsdp import checkpoint as fsdp_checkpoint
 from fabric_fsdp.sharding import is_fsdp, is_sharded
 
 if TYPE_CHECKING:
+    from typing import Unpack
+
     from fabric_core.io.background import CheckpointHandle
     from fabric_core.io.checkpoint_io import CheckpointIO
+    from fabric_core.strategies.parallel import ParallelOptions
 
 STATE_DICT_TYPES = ("sharded", "full")
 
@@ -80,14 +83,14 @@ class ShardedStrategy(ParallelStrategy):
     Args:
         state_dict_type: ``"sharded"`` (a folder every rank writes its shards into, loadable on any number of ranks)
             or ``"full"`` (one file written by rank 0, readable by every strategy).
-        **kwargs: the arguments of :class:`~fabric_core.strategies.ParallelStrategy`.
+        **options: the keywords of :class:`~fabric_core.strategies.ParallelStrategy` (:class:`ParallelOptions`).
     """
 
     #: How the user asks for full checkpoints, for messages.
     full_checkpoint_hint = "state_dict_type='full'"
 
-    def __init__(self, *, state_dict_type: str = "sharded", **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, *, state_dict_type: str = "sharded", **options: Unpack[ParallelOptions]) -> None:
+        super().__init__(**options)
         if state_dict_type not in STATE_DICT_TYPES:
             raise ValueError(f"`state_dict_type` must be one of {STATE_DICT_TYPES}, got {state_dict_type!r}.")
         self._state_dict_type = state_dict_type

@@ -11,7 +11,6 @@ building blocks; the precision hands over its FSDP policy as a value
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -20,7 +19,7 @@ from torch.optim import Optimizer
 
 from fabric_core.precision.base import Precision
 from fabric_core.strategies.base import require_precision_type
-from fabric_core.strategies.parallel import DEFAULT_TIMEOUT
+from fabric_core.strategies.parallel import split_parallel_options
 from fabric_core.utilities.rank_zero import rank_zero_warn
 from fabric_fsdp import arguments, sharding
 from fabric_fsdp.precision import FSDPPrecision
@@ -31,8 +30,6 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
     from fabric_core.accelerators.base import Accelerator
-    from fabric_core.environments.base import ClusterEnvironment
-    from fabric_core.io.checkpoint_io import CheckpointIO
 
 __all__ = ["DEFAULT_WRAP_CLASSES", "FSDPStrategy"]
 
@@ -88,21 +85,16 @@ class FSDPStrategy(ShardedStrategy):
         state_dict_type: ``"sharded"`` (default; a directory written by all ranks in parallel, loadable on any
             number of ranks) or ``"full"`` (one file written by rank 0, readable by every strategy). A custom
             ``CheckpointIO`` is used for full checkpoints and refused for sharded ones.
-        **kwargs: FSDP1 ``FullyShardedDataParallel`` keyword arguments: ``use_orig_params``,
+        **kwargs: the keywords of :class:`~fabric_core.strategies.ParallelStrategy` (``precision``, ``timeout``,
+            ``process_group_backend``, ``start_method``, ...), and FSDP1 ``FullyShardedDataParallel`` keyword
+            arguments: ``use_orig_params``,
             ``limit_all_gathers``, ``backward_prefetch``, ``forward_prefetch``, ``sync_module_states``,
             ``param_init_fn``, ``process_group``, ``ignored_modules``, ``ignored_states``, ``device_id``.
     """
 
     def __init__(
         self,
-        accelerator: Accelerator | None = None,
-        parallel_devices: list[torch.device] | None = None,
-        cluster_environment: ClusterEnvironment | None = None,
-        checkpoint_io: CheckpointIO | None = None,
-        precision: Precision | None = None,
-        process_group_backend: str | None = None,
-        timeout: timedelta | None = DEFAULT_TIMEOUT,
-        start_method: str = "popen",
+        *,
         auto_wrap_policy: ModulePolicy = None,
         activation_checkpointing: ModulePolicy = None,
         cpu_offload: Any = False,
@@ -114,17 +106,8 @@ class FSDPStrategy(ShardedStrategy):
         activation_checkpointing_policy: ModulePolicy = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(
-            accelerator=accelerator,
-            parallel_devices=parallel_devices,
-            cluster_environment=cluster_environment,
-            checkpoint_io=checkpoint_io,
-            precision=precision,
-            process_group_backend=process_group_backend,
-            timeout=timeout,
-            start_method=start_method,
-            state_dict_type=state_dict_type,
-        )
+        options, kwargs = split_parallel_options(kwargs)
+        super().__init__(state_dict_type=state_dict_type, **options)
         sharding_strategy = arguments.sharding_strategy_name(sharding_strategy)
         if isinstance(device_mesh, tuple) and not (
             1 <= len(device_mesh) <= 2 and all(isinstance(n, int) and n > 0 for n in device_mesh)
