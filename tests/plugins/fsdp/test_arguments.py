@@ -148,6 +148,15 @@ def test_fsdp1_mixed_precision_maps_field_by_field() -> None:
     assert fsdp_arguments.as_mixed_precision(None) is None
 
 
+def test_mixed_precision_config_has_the_references_name() -> None:
+    """``strategy.mixed_precision_config`` / ``precision.mixed_precision_config``: the policy FSDP applies to blocks."""
+    given = MixedPrecisionPolicy(param_dtype=torch.float16)
+    assert FSDPStrategy(mixed_precision=given).mixed_precision_config is given
+    assert FSDPPrecision("bf16-mixed").mixed_precision_config.param_dtype == torch.bfloat16
+    assert FSDPPrecision("32-true").mixed_precision_config is None
+    assert FSDPStrategy().mixed_precision_config is None  # no precision attached yet, nothing given
+
+
 def test_mixed_precision_fields_without_fsdp2_equivalent() -> None:
     with pytest.raises(ValueError, match="keep_low_precision_grads=True.*no FSDP2 equivalent"):
         FSDPStrategy(mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, keep_low_precision_grads=True))
