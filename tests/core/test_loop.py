@@ -129,3 +129,38 @@ def test_accumulate_and_ema_on_two_processes(tmp_path, strategy):
             assert seen["unsynced_differs"] == [True, True, True], "gradients were synchronised inside the window"
         assert seen["ema_matches"] and seen["evaluates_with_averages"] and seen["restored_exactly"]
         assert seen["ema_round_trip"] and seen["ema_counters"] == [3, 0.5] and seen["ema_layout_kept"]
+        assert [p.name for p in (tmp_path / "profile" / f"rank{rank}").iterdir()] == [f"rank{rank}.pt.trace.json"]
+    assert "Self CPU" in (tmp_path / "profile" / "summary-rank0.txt").read_text()
+    assert sorted(p.name for p in (tmp_path / "profile").iterdir()) == ["rank0", "rank1", "summary-rank0.txt"]
+
+
+def test_profile_writes_a_trace_and_prints_a_summary_on_rank_zero(tmp_path, capsys):
+    fabric = Fabric(accelerator="cpu")
+    model, _ = _setup(fabric)
+    with fabric.profile(tmp_path / "prof", row_limit=5, record_shapes=True) as prof:
+        fabric.backward(model(torch.randn(8, 3)).sum())
+    trace = tmp_path / "prof" / "rank0" / "rank0.pt.trace.json"
+    assert json.loads(trace.read_text())["traceEvents"]
+    summary = (tmp_path / "prof" / "summary-rank0.txt").read_text()
+    assert "aten::addmm" in summary and summary in capsys.readouterr().out
+    assert any(e.key == "aten::addmm" for e in prof.key_averages())
+
+
+def test_profile_with_a_schedule_records_the_active_steps(tmp_path):
+    fabric = Fabric(accelerator="cpu")
+    model, _ = _setup(fabric)
+    with fabric.profile(tmp_path, schedule={"warmup": 1, "active": 2, "repeat": 1}) as prof:
+        for _ in range(5):
+            model(torch.randn(4, 3))
+            prof.step()
+    traces = list((tmp_path / "rank0").glob("rank0.*.pt.trace.json"))
+    assert len(traces) == 1  # one cycle: one trace
+    assert sum(e.count for e in prof.key_averages() if e.key == "aten::addmm") == 2  # the 2 active steps only
+
+
+def test_profile_refuses_a_bad_schedule(tmp_path):
+    fabric = Fabric(accelerator="cpu")
+    with pytest.raises(TypeError, match="Its keys are those of `torch.profiler.schedule`"), fabric.profile(tmp_path, schedule={"activ": 2}):
+        pass
+    with pytest.raises(TypeError, match=r"takes a `torch.profiler.schedule\(...\)` or a dict"), fabric.profile(tmp_path, schedule=3):
+        pass

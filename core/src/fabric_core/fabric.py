@@ -21,9 +21,8 @@ from torch.nn import Module
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader, IterableDataset
 
-from fabric_core import connector
+from fabric_core import connector, loop
 from fabric_core.accelerators.base import Accelerator
-from fabric_core.loop.accumulate import accumulate
 from fabric_core.strategies.base import Strategy
 from fabric_core.utilities import failures, hang
 from fabric_core.utilities.apply import apply_to_collection, convert_tensors_to_scalars, convert_to_tensors
@@ -242,12 +241,9 @@ class Fabric:
 
     def _finalize_loggers(self, status: str) -> list[Exception]:
         """Finalize every logger (those without ``finalize`` are skipped); returns the errors they raised."""
-        if not self._loggers:
-            return []
-        from fabric_core.loggers.base import finalize_logger
+        from fabric_core.loggers.base import finalize_loggers
 
-        errors = [finalize_logger(logger, status) for logger in self._loggers]
-        return [err for err in errors if err is not None]
+        return finalize_loggers(self._loggers, status)
 
     def _validate_launched(self) -> None:
         if not self._launched and self._strategy.requires_launch:
@@ -583,7 +579,11 @@ class Fabric:
 
     def accumulate(self, module: Any, steps: int) -> AbstractContextManager[bool]:
         """One micro-batch of ``steps``: gradients sync on the last only, which yields ``True`` (:mod:`.loop.accumulate`)."""
-        return accumulate(self, module, steps)
+        return loop.accumulate(self, module, steps)
+
+    def profile(self, dirpath: str | Path = "fabric_profile", **kwargs: Any) -> AbstractContextManager[Any]:
+        """``torch.profiler`` on every rank, traces in ``dirpath/rank<r>``, a rank-zero summary (:mod:`.loop.profile`)."""
+        return loop.profile(self, dirpath, **kwargs)
 
     # ------------------------------------------------------------------------------------------------ data
     def to_device(self, obj: Any) -> Any:

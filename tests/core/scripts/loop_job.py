@@ -84,6 +84,9 @@ def main(out: Path, strategy: str) -> None:
     seen["ema_round_trip"] = all(torch.equal(loaded["averages"][n], averages[n]) for n in averages)
     seen["ema_counters"] = [loaded["num_updates"], loaded["decay"]]
     seen["ema_layout_kept"] = [type(t).__name__ for t in other_ema.averages.values()] == [type(t).__name__ for t in ema.averages.values()]
+    # --- profiling a step on every rank: traces per rank, the summary from rank 0
+    with fabric.profile(out / "profile"):
+        fabric.backward(model(x[rank::world]).sum())
     (out / f"rank{rank}.json").write_text(json.dumps(seen))
 
 

@@ -207,6 +207,12 @@ def notify_checkpoint_saved(loggers: list[Any], path: str) -> None:
             logger.checkpoint_saved(path)
 
 
+def finalize_loggers(loggers: list[Any], status: str) -> list[Exception]:
+    """:func:`finalize_logger` for each of ``loggers``, all of them even when one fails; returns their errors."""
+    errors = [finalize_logger(logger, status) for logger in loggers]
+    return [err for err in errors if err is not None]
+
+
 def finalize_logger(logger: Any, status: str) -> Exception | None:
     """Call ``logger.finalize(status)`` if it has one; returns what it raised instead of raising it.
 

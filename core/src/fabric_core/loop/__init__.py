@@ -8,3 +8,8 @@ Trainer), working for every strategy, sharded ones included:
 
 Each is a module of its own; ``Fabric`` only delegates to them.
 """
+
+from fabric_core.loop.accumulate import accumulate
+from fabric_core.loop.profile import profile
+
+__all__ = ["accumulate", "profile"]
