@@ -341,3 +341,65 @@ def test_large_saves_start_writeback_while_serialising(tmp_path, monkeypatch):
     handle.wait()
     assert calls == []
     assert torch.equal(torch.load(tmp_path / "bg.pt")["w"], state["w"]) and _leftovers(tmp_path) == []
+
+
+class FolderCheckpointIO(CheckpointIO):
+    """A user's CheckpointIO that writes a folder: one file per top-level key (as some storage layouts do)."""
+
+    def __init__(self) -> None:
+        self.loads = 0
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None):
+        os.makedirs(path, exist_ok=True)
+        for key, value in checkpoint.items():
+            torch.save(value, os.path.join(path, f"{key}.pt"))
+
+    def load_checkpoint(self, path, map_location=None, weights_only=None):
+        self.loads += 1
+        return {name[:-3]: torch.load(os.path.join(path, name), weights_only=False) for name in os.listdir(path)}
+
+    def remove_checkpoint(self, path):
+        pass
+
+
+def test_a_checkpoint_io_that_writes_a_folder_round_trips_through_fabric(tmp_path):
+    """``fabric.load`` asks the user's CheckpointIO before refusing a directory (as the reference does)."""
+    from fabric_core import Fabric
+
+    io = FolderCheckpointIO()
+    fabric = Fabric(accelerator="cpu", plugins=[io])
+    model = fabric.setup(torch.nn.Linear(3, 2))
+    fabric.save(tmp_path / "ckpt", {"model": model, "step": 7})
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["model.pt", "step.pt"]
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    fresh = fabric.setup(torch.nn.Linear(3, 2))
+    state = {"model": fresh, "step": 0}
+    assert fabric.load(tmp_path / "ckpt", state) == {}
+    assert io.loads == 1 and state["step"] == 7
+    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in expected.items())
+
+
+def test_our_own_checkpoint_io_still_refuses_a_folder_it_did_not_write(tmp_path):
+    from fabric_core import Fabric
+
+    (tmp_path / "folder").mkdir()
+    fabric = Fabric(accelerator="cpu")
+    with pytest.raises(ValueError, match="It is a directory, but no installed plugin recognises it"):
+        fabric.load(tmp_path / "folder", {"model": fabric.setup(torch.nn.Linear(3, 2))})
+
+
+@pytest.mark.parametrize(
+    ("value", "kind"), [(lambda x: x, "function"), ((i for i in range(3)), "generator")], ids=["lambda", "generator"]
+)
+def test_saving_a_value_that_cannot_be_pickled_names_its_key(tmp_path, value, kind):
+    """Not torch's pickler message eight frames deep: the key, and what to do."""
+    from fabric_core import Fabric
+
+    fabric = Fabric(accelerator="cpu")
+    model = fabric.setup(torch.nn.Linear(2, 2))
+    fabric.save(tmp_path / "ckpt", {"model": model, "step": 1})
+    before = (tmp_path / "ckpt").read_bytes()
+    with pytest.raises(TypeError, match=rf"cannot save state\['config'\]\['fn'\]: it is a {kind} .*cannot be pickled"):
+        fabric.save(tmp_path / "ckpt", {"model": model, "config": {"lr": 0.1, "fn": value}})
+    assert (tmp_path / "ckpt").read_bytes() == before  # the previous checkpoint is untouched
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]  # and no temporary file is left

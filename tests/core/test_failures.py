@@ -89,6 +89,11 @@ def test_the_report_quotes_the_first_failures_traceback_end_and_lists_the_others
     killed = failures.report([RankFailure("Local rank 1", 11, 137)])
     assert "exited with code 137 (killed by SIGKILL), without a Python error" in killed
     assert "ended without raising a Python exception" in killed
+    # exit code 1 and nothing recorded: an uncaught exception before `Fabric()` existed, its traceback printed above
+    early = failures.report([RankFailure("Local rank 0", 10, 1)])
+    assert "without a Python error" not in early and "without raising" not in early
+    assert "exited with code 1, with no error recorded (a Python error before `Fabric()` was created?" in early
+    assert "its traceback is in its output above" in early
 
 
 def test_the_job_exits_with_the_first_failures_code():
@@ -98,3 +103,16 @@ def test_the_job_exits_with_the_first_failures_code():
     # it raised, and its launcher stopped it while it was exiting: the exit of an uncaught exception
     assert failures.job_exit_code([RankFailure("Rank 1", None, 143, raised), RankFailure("Rank 0", None, 1, _error("x", 200))]) == 1
     assert failures.job_exit_code([]) == 1
+
+
+def test_a_barrier_whose_peer_left_names_the_rank_and_where_this_one_waited(tmp_path):
+    """Not gloo's "Connection closed by peer" ten frames deep: who left, and the user's line that waited."""
+    import json
+
+    from jobs import run_ranks
+
+    script = Path(__file__).parent / "scripts" / "peer_left_job.py"
+    run_ranks(script, str(tmp_path), world_size=2, timeout=120, tmp_path=tmp_path)
+    error = json.loads((tmp_path / "rank0.json").read_text())["error"]
+    assert error is not None and error.startswith("RuntimeError: rank 1 left the job while rank 0 waited in barrier() at")
+    assert "peer_left_job.py:18" in error  # the line of the script's second barrier

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import types
+from unittest.mock import Mock
 
 import pytest
 import torch
@@ -72,6 +73,41 @@ def test_a_missing_member_is_named(missing):
         Fabric(accelerator="cpu", loggers=cls())
 
 
+def test_a_mock_is_a_logger():
+    """How most people test code that logs: ``Mock()`` answers every name, so the object is asked, not its class."""
+    logger = Mock()
+    fabric = Fabric(accelerator="cpu", loggers=logger)
+    fabric.log("loss", torch.tensor(2.0), step=1)
+    logger.log_metrics.assert_called_once_with(metrics={"loss": 2.0}, step=1)
+    fabric.teardown()
+    logger.finalize.assert_called_once_with("success")
+
+
+def test_an_object_whose_getattr_answers_every_name_is_a_logger():
+    received = []
+
+    class Proxy:
+        def __getattr__(self, name):
+            return lambda *args, **kwargs: received.append((name, kwargs))
+
+    fabric = Fabric(accelerator="cpu", loggers=[Proxy()])
+    fabric.log_dict({"a": 1}, step=0)
+    assert received == [("log_metrics", {"metrics": {"a": 1}, "step": 0})]
+
+
+def test_a_getattr_that_refuses_a_member_is_still_refused():
+    class Partial:
+        name, version = "p", 0
+
+        def __getattr__(self, name):
+            if name == "log_metrics":
+                return lambda **kwargs: None
+            raise AttributeError(name)
+
+    with pytest.raises(TypeError, match="Partial has no `log_hyperparams`"):
+        Fabric(accelerator="cpu", loggers=Partial())
+
+
 def test_a_non_callable_log_metrics_is_refused():
     cls = type("Odd", (), {"name": "x", "version": 0, "log_metrics": 3, "log_hyperparams": lambda self, p: None})
     with pytest.raises(TypeError, match="Odd has no `log_metrics`"):
@@ -88,11 +124,18 @@ def test_callbacks_are_any_objects():
 
     module = types.ModuleType("my_callbacks")
     module.on_train_start = lambda value: calls.append(("module", value))
-    fabric = Fabric(accelerator="cpu", callbacks=[WithStatic, module, "a string", {"a": "dict"}, None, 3])
-    assert len(fabric._callbacks) == 6
+    fabric = Fabric(accelerator="cpu", callbacks=[WithStatic, module, {"a": "dict"}, None, 3])
+    assert len(fabric._callbacks) == 5
     fabric.call("on_train_start", value=1)
     assert calls == [("class", {"value": 1}), ("module", 1)]
     assert Fabric(accelerator="cpu", callbacks=module)._callbacks == [module]
+
+
+@pytest.mark.parametrize("callbacks", ["EarlyStopping", ["EarlyStopping"], [object(), b"x"]])
+def test_a_callback_given_by_name_is_refused(callbacks):
+    """A string has none of the hooks ``fabric.call`` runs: it would silently do nothing."""
+    with pytest.raises(TypeError, match=r"callbacks are objects whose methods `fabric.call\(name\)` runs, not names"):
+        Fabric(accelerator="cpu", callbacks=callbacks)
 
 
 def test_launch_function_that_raises_finalizes_loggers_as_failed():

@@ -21,11 +21,12 @@ from torch.nn import Module
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader, IterableDataset
 
-from fabric_core import connector
+from fabric_core import connector, loop
 from fabric_core.accelerators.base import Accelerator
 from fabric_core.strategies.base import Strategy
 from fabric_core.utilities import failures, hang
 from fabric_core.utilities.apply import apply_to_collection, convert_tensors_to_scalars, convert_to_tensors
+from fabric_core.utilities.attach import callback_complaint, hand_fabric_to
 from fabric_core.utilities.hang import report_progress, start_watchdog
 from fabric_core.utilities.parameters import (
     ParameterPlaces,
@@ -110,7 +111,7 @@ class Fabric:
         self._accelerator = resolved.accelerator
         self._strategy = resolved.strategy
         self._precision = resolved.precision
-        self._callbacks: list[Any] = _as_list(callbacks, "callbacks", lambda _: None)
+        self._callbacks: list[Any] = _as_list(callbacks, "callbacks", callback_complaint)
         self._loggers: list[Logger] = connector.resolve_loggers(loggers)
         self._models_setup = 0
         self._launched = False
@@ -240,12 +241,9 @@ class Fabric:
 
     def _finalize_loggers(self, status: str) -> list[Exception]:
         """Finalize every logger (those without ``finalize`` are skipped); returns the errors they raised."""
-        if not self._loggers:
-            return []
-        from fabric_core.loggers.base import finalize_logger
+        from fabric_core.loggers.base import finalize_loggers
 
-        errors = [finalize_logger(logger, status) for logger in self._loggers]
-        return [err for err in errors if err is not None]
+        return finalize_loggers(self._loggers, status)
 
     def _validate_launched(self) -> None:
         if not self._launched and self._strategy.requires_launch:
@@ -292,6 +290,7 @@ class Fabric:
         wrapped = FabricModule(forward_module, self._strategy, original_module=original)
         wrapped_opts = [FabricOptimizer(o, self._strategy, self._callbacks) for o in opts]
         self._models_setup += 1
+        hand_fabric_to(original, self, self._callbacks, wrapped_opts)  # a LightningModule logs and hooks through us
         report_progress()
         self.call("on_after_setup", fabric=self, module=wrapped)
         if not optimizers:
@@ -316,6 +315,7 @@ class Fabric:
         if compile_kwargs is not None:
             forward_module = torch.compile(forward_module, **compile_kwargs)
         self._models_setup += 1
+        hand_fabric_to(original, self, self._callbacks)  # the reference leaves `_fabric_optimizers` to setup()
         report_progress()
         return FabricModule(forward_module, self._strategy, original_module=original)
 
@@ -577,6 +577,14 @@ class Fabric:
             return nullcontext()
         return control.no_backward_sync(module.strategy_module, enabled)
 
+    def accumulate(self, module: Any, steps: int) -> AbstractContextManager[bool]:
+        """One micro-batch of ``steps``: gradients sync on the last only, which yields ``True`` (:mod:`.loop.accumulate`)."""
+        return loop.accumulate(self, module, steps)
+
+    def profile(self, dirpath: str | Path = "fabric_profile", **kwargs: Any) -> AbstractContextManager[Any]:
+        """``torch.profiler`` on every rank, traces in ``dirpath/rank<r>``, a rank-zero summary (:mod:`.loop.profile`)."""
+        return loop.profile(self, dirpath, **kwargs)
+
     # ------------------------------------------------------------------------------------------------ data
     def to_device(self, obj: Any) -> Any:
         """Move a module (in place) or a nested collection of tensors to this process's device."""
@@ -671,20 +679,14 @@ class Fabric:
                 f" {type(state).__name__}. Name each object: `fabric.save(path, {{'model': model, 'optimizer':"
                 " optimizer, 'step': step}})`."
             )
-        if filter is not None:
-            if not isinstance(filter, dict):
-                raise TypeError(f"Filter should be a dictionary, given {filter!r}")
-            unknown = set(filter) - set(state)
-            if unknown:
-                raise ValueError(f"The filter keys {unknown} are not present in the state keys {set(state)}.")
-            for key, fn in filter.items():
-                if not callable(fn):
-                    raise TypeError(f"Expected `fabric.save(filter=...)` for key {key!r} to be a callable, given {fn!r}")
         # The checkpoint modules are imported by the calls that use them: `import fabric_core` and `Fabric(...)`
         # stay cheap for a script that never saves.
         from fabric_core.io import background
         from fabric_core.io.location import CheckpointLocation
         from fabric_core.io.retention import prune, series_pattern
+        from fabric_core.io.state import check_filter
+
+        check_filter(filter, state)
 
         self._validate_launched()
         location = CheckpointLocation.of(path)  # decided once: a local path or a URL
@@ -705,11 +707,9 @@ class Fabric:
             background.submit(location, partial(prune, location, keep_last))  # after this save: work runs in order
         self._strategy.barrier()  # from here on the checkpoint is at `location` for every rank
         if self._loggers:
-            from fabric_core.loggers.base import Logger
+            from fabric_core.loggers.base import notify_checkpoint_saved
 
-            for logger in self._loggers:
-                if isinstance(logger, Logger):  # an optional hook of our base class (loggers by interface lack it)
-                    logger.checkpoint_saved(str(location))
+            notify_checkpoint_saved(self._loggers, str(location))
         report_progress()  # the save and its barrier count as progress for hang detection
         return handle if handle is not None else background.handle(location)
 

@@ -148,6 +148,34 @@ def test_fsdp1_mixed_precision_maps_field_by_field() -> None:
     assert fsdp_arguments.as_mixed_precision(None) is None
 
 
+def test_tied_weights_split_across_units_are_found() -> None:
+    """An embedding and an output layer sharing one tensor, wrapped in different units (the reference warns too)."""
+    from fabric_fsdp.sharding import tied_across_units
+
+    model = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 4), nn.Linear(4, 10, bias=False))
+    model[2].weight = model[0].weight
+    assert tied_across_units(model, [model[0]]) == [(["0.weight", "2.weight"], ["", "0"])]
+    assert tied_across_units(model, [model[0], model[2]]) == [(["0.weight", "2.weight"], ["0", "2"])]
+    assert tied_across_units(model, [model[1]]) == []  # both users in the root: one owner
+
+
+def test_tied_weights_split_by_the_wrap_policy_warn_on_two_ranks(tmp_path: Path) -> None:
+    run_ranks(SCRIPTS / "tied_weights.py", str(tmp_path), timeout=240, tmp_path=tmp_path)
+    seen = read_json(tmp_path / "tied.json")
+    assert len(seen["split"]) == 1 and "`embed.weight`, `head.weight` are one tensor (tied weights)" in seen["split"][0]
+    assert "different units (`embed`, `head`)" in seen["split"][0]
+    assert seen["together"] == []
+
+
+def test_mixed_precision_config_has_the_references_name() -> None:
+    """``strategy.mixed_precision_config`` / ``precision.mixed_precision_config``: the policy FSDP applies to blocks."""
+    given = MixedPrecisionPolicy(param_dtype=torch.float16)
+    assert FSDPStrategy(mixed_precision=given).mixed_precision_config is given
+    assert FSDPPrecision("bf16-mixed").mixed_precision_config.param_dtype == torch.bfloat16
+    assert FSDPPrecision("32-true").mixed_precision_config is None
+    assert FSDPStrategy().mixed_precision_config is None  # no precision attached yet, nothing given
+
+
 def test_mixed_precision_fields_without_fsdp2_equivalent() -> None:
     with pytest.raises(ValueError, match="keep_low_precision_grads=True.*no FSDP2 equivalent"):
         FSDPStrategy(mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, keep_low_precision_grads=True))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import pickle
 import re
 import shutil
 import socket
@@ -37,6 +38,7 @@ from typing import Any
 from fabric_core.io import background, remote
 from fabric_core.io.background import CheckpointHandle, NotDurableError
 from fabric_core.io.coordination import Coordinator, publish_together
+from fabric_core.io.errors import unpicklable_value_error
 from fabric_core.io.location import CheckpointLocation
 
 try:
@@ -437,6 +439,10 @@ def _write_temp(obj: Any, target: Path, start_writeback: bool) -> _WrittenTemp:
         cause = writer.error if writer is not None and writer.error is not None else err
         if _no_space(cause):
             raise _no_space_error(target, cause) from err  # type: ignore[arg-type]
+        if isinstance(err, (pickle.PicklingError, TypeError, AttributeError)):
+            named = unpicklable_value_error(obj)  # which key holds a lambda, a generator, ...
+            if named is not None:
+                raise named from err
         raise
     return written
 

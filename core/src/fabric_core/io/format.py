@@ -150,6 +150,11 @@ class CheckpointFormat(ABC):
         """Write ``state`` (the user's objects: modules, optimizers, stateful objects, plain values) at
         ``location``, on every rank; see the class for what holds when it returns."""
 
+    def may_read_folder(self, location: CheckpointLocation) -> bool:
+        """Whether to try :meth:`read` on a folder that no format and no installed plugin recognises: a format whose
+        reading is the user's code (a ``CheckpointIO`` of theirs may write folders) says yes. Asked last."""
+        return False
+
     def write_async(
         self,
         location: CheckpointLocation,
@@ -235,7 +240,8 @@ def format_for_loading(
     """The format to load ``location`` with.
 
     The first of ``formats`` (a strategy's own, in its order) that recognises it; else, for a folder, the reader of
-    the installed plugin that recognises it (:class:`ReaderFormat`), or a ``ValueError`` saying no plugin does;
+    the installed plugin that recognises it (:class:`ReaderFormat`), or a format that may read it
+    (:meth:`CheckpointFormat.may_read_folder`: a user's ``CheckpointIO``), or a ``ValueError`` saying none does;
     else the last of ``formats`` (the single-file format), whose read says what is wrong with the file. A path
     where nothing exists is a :class:`~fabric_core.io.errors.CheckpointPathError` when the strategy has a format of
     its own besides the single file (the single file's own error otherwise: ``FileNotFoundError``).
@@ -247,6 +253,9 @@ def format_for_loading(
         reader = find_reader(location) if find_reader is not None else None
         if reader is not None:
             return ReaderFormat(reader)
+        for candidate in formats:  # a user's CheckpointIO that writes folders reads them too
+            if candidate.may_read_folder(location):
+                return candidate
         raise ValueError(
             f"The path {str(location)!r} does not point to a valid checkpoint. Make sure the path points to"
             f" {expected_checkpoints(formats)}. It is a directory, but no installed plugin recognises it as a"

@@ -85,6 +85,13 @@ class SingleFileFormat(CheckpointFormat):
         """Any file (what is inside is checked when it is read)."""
         return is_single_file(location)
 
+    def may_read_folder(self, location: CheckpointLocation) -> bool:
+        """A ``CheckpointIO`` that reads its own way (not our :class:`TorchCheckpointIO`'s ``load_checkpoint``) may
+        have written a folder: it is asked before a folder is refused, as the reference asks it."""
+        from fabric_core.io.checkpoint_io import TorchCheckpointIO
+
+        return getattr(type(self.checkpoint_io), "load_checkpoint", None) is not TorchCheckpointIO.load_checkpoint
+
     def write(
         self,
         location: CheckpointLocation,

@@ -100,6 +100,20 @@ def state_to_save(
     return converted
 
 
+def check_filter(filter: Any, state: Mapping[str, Any]) -> None:
+    """``fabric.save(filter=...)``: a dict of callables keyed by keys of ``state`` (the reference's errors)."""
+    if filter is None:
+        return
+    if not isinstance(filter, dict):
+        raise TypeError(f"Filter should be a dictionary, given {filter!r}")
+    unknown = set(filter) - set(state)
+    if unknown:
+        raise ValueError(f"The filter keys {unknown} are not present in the state keys {set(state)}.")
+    for key, fn in filter.items():
+        if not callable(fn):
+            raise TypeError(f"Expected `fabric.save(filter=...)` for key {key!r} to be a callable, given {fn!r}")
+
+
 def check_missing(state: Iterable[Any], available: Iterable[Any], strict: bool) -> None:
     """With ``strict``, every key the user asks for must be in the checkpoint: raise ``KeyError`` naming the first."""
     if not strict:

@@ -166,18 +166,51 @@ _REQUIRED_METHODS = ("log_metrics", "log_hyperparams")
 def missing_members(obj: Any) -> list[str]:
     """The members of :data:`REQUIRED_MEMBERS` that ``obj`` lacks (methods must be callable).
 
-    Looked up without running properties, so checking a logger never starts its experiment.
+    Looked up without running properties, so checking a logger never starts its experiment. A member the class does
+    not define is asked of the object when its class answers names dynamically (``__getattr__``: a
+    ``unittest.mock.Mock``, a proxy), as the reference accepts any object.
     """
     missing = []
+    dynamic = _answers_dynamically(obj)
     for member in REQUIRED_MEMBERS:
         try:
             inspect.getattr_static(obj, member)
         except AttributeError:
-            missing.append(member)
-            continue
+            if not (dynamic and _has_dynamic(obj, member)):
+                missing.append(member)
+                continue
         if member in _REQUIRED_METHODS and not callable(getattr(obj, member, None)):
             missing.append(member)
     return missing
+
+
+def _answers_dynamically(obj: Any) -> bool:
+    try:
+        inspect.getattr_static(type(obj), "__getattr__")
+    except AttributeError:
+        return False
+    return True
+
+
+def _has_dynamic(obj: Any, member: str) -> bool:
+    try:
+        getattr(obj, member)
+    except Exception:  # a proxy's __getattr__ may raise anything for a name it does not have
+        return False
+    return True
+
+
+def notify_checkpoint_saved(loggers: list[Any], path: str) -> None:
+    """``checkpoint_saved(path)`` to the loggers of our base class (an optional hook that loggers by interface lack)."""
+    for logger in loggers:
+        if isinstance(logger, Logger):
+            logger.checkpoint_saved(path)
+
+
+def finalize_loggers(loggers: list[Any], status: str) -> list[Exception]:
+    """:func:`finalize_logger` for each of ``loggers``, all of them even when one fails; returns their errors."""
+    errors = [finalize_logger(logger, status) for logger in loggers]
+    return [err for err in errors if err is not None]
 
 
 def finalize_logger(logger: Any, status: str) -> Exception | None:

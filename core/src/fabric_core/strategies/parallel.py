@@ -251,10 +251,18 @@ class ProcessGroupCollectives(Collectives):
         if not self._ready():
             return
         dist = _dist()
-        if self.get_process_group_backend() == "nccl" and self.root_device.type == "cuda":
-            dist.barrier(device_ids=[self.root_device.index])
-        else:
-            dist.barrier()
+        try:
+            if self.get_process_group_backend() == "nccl" and self.root_device.type == "cuda":
+                dist.barrier(device_ids=[self.root_device.index])
+            else:
+                dist.barrier()
+        except RuntimeError as err:
+            from fabric_core.utilities.peer_left import peer_left_error
+
+            named = peer_left_error(err, self.global_rank, self.world_size, "barrier()")
+            if named is not None:
+                raise named from err
+            raise
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         """Send a picklable object from rank ``src`` to every process of the group."""

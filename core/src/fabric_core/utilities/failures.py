@@ -141,7 +141,12 @@ class RankFailure(NamedTuple):
     def headline(self) -> str:
         pid = f" (pid {self.pid})" if self.pid is not None else ""
         died = exit_description(self.exit_code)
-        what = f": {self.error.message}" if self.error is not None else ", without a Python error"
+        if self.error is not None:
+            what = f": {self.error.message}"
+        elif self.exit_code == 1:  # what an uncaught exception gives, raised before `Fabric()` could record it
+            what = ", with no error recorded (a Python error before `Fabric()` was created? its traceback is above)"
+        else:
+            what = ", without a Python error"
         return f"{self.label}{pid} exited with code {self.exit_code}{died}{what}"
 
 
@@ -185,6 +190,11 @@ def report(failures: Iterable[RankFailure]) -> str:
     if root.error is not None and root.error.traceback:
         lines.append(f"[fabric] {root.label}'s error:")
         lines.append(_tail(root.error.traceback))
+    elif root.error is None and root.exit_code == 1:
+        lines.append(
+            f"[fabric] {root.label} recorded no error: exit code 1 is what an uncaught Python exception gives, so it"
+            " likely raised before creating `Fabric()` (which records errors); its traceback is in its output above."
+        )
     elif root.error is None:
         lines.append(
             f"[fabric] {root.label} ended without raising a Python exception (a signal, a crash in native code, or"

@@ -65,6 +65,12 @@ class FSDPPrecision(LossScaling, Precision):
             self.scaler = ShardedGradScaler(device=device_type)
 
     # ---------------------------------------------------------------------------------------- the FSDP policy
+    @property
+    def mixed_precision_config(self) -> Any:
+        """The reference's name for the policy of the wrapped blocks: :meth:`mixed_precision_policy` (``None`` for a
+        precision FSDP does not cast)."""
+        return self.mixed_precision_policy(root=False)
+
     def mixed_precision_policy(self, root: bool = False) -> Any:
         """The ``MixedPrecisionPolicy`` for one ``fully_shard`` call (``None``: no casting by FSDP).
 

@@ -247,14 +247,49 @@ def shard(
     if ignored_params:
         options["ignored_params"] = set(ignored_params)
     units = []
+    selected = select(module, ignored_params)
+    warn_tied_across_units(module, [sub for sub in selected if sub is not module])
     # Children before parents: FSDP2 requires inner units to be sharded first (the selector orders them so).
-    for sub in select(module, ignored_params):
+    for sub in selected:
         if sub is not module and not is_fsdp(sub):
             units.append(sub)
             fully_shard(sub, mp_policy=mp_policy(False), reshard_after_forward=reshard_after_forward, **options)
     root_reshard = False if reshard_after_forward is False else None
     fully_shard(module, mp_policy=mp_policy(True), reshard_after_forward=root_reshard, **options)
     return units
+
+
+def tied_across_units(module: Module, units: Iterable[Module]) -> list[tuple[list[str], list[str]]]:
+    """Parameters shared by several modules (tied weights, e.g. an embedding and the output layer) whose users fall
+    in different FSDP units: ``(parameter names, unit names)`` for each (``""`` is the root unit)."""
+    prefixes = {id(m): name for name, m in module.named_modules()}
+    unit_names = sorted((prefixes[id(u)] for u in units if id(u) in prefixes), key=len, reverse=True)
+
+    def owner(param_name: str) -> str:
+        return next((u for u in unit_names if param_name.startswith(u + ".")), "")
+
+    names: dict[int, list[str]] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    found = []
+    for shared in names.values():
+        owners = sorted({owner(n) for n in shared})
+        if len(shared) > 1 and len(owners) > 1:
+            found.append((shared, owners))
+    return found
+
+
+def warn_tied_across_units(module: Module, units: Iterable[Module]) -> None:
+    """Warn when wrapping would split tied weights across units: the unit that shards the tensor frees its gathered
+    copy after its own forward, so the other module would compute with a shard (an error) or a stale copy."""
+    for shared, owners in tied_across_units(module, units):
+        where = ", ".join(f"`{o}`" if o else "the root" for o in owners)
+        rank_zero_warn(
+            f"The parameters {', '.join(f'`{n}`' for n in shared)} are one tensor (tied weights), but the FSDP wrap"
+            f" policy puts the modules that use it in different units ({where}). Only one unit can own it. Keep the"
+            " modules sharing a weight in one unit (leave them out of `auto_wrap_policy`, so the root holds them), or"
+            " untie the weights."
+        )
 
 
 def _reset_function(module: Module) -> Callable[[], None] | None:

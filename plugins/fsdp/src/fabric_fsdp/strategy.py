@@ -228,6 +228,16 @@ class FSDPStrategy(ShardedStrategy):
             return OffloadPolicy()
         return self.offload_policy
 
+    @property
+    def mixed_precision_config(self) -> Any:
+        """The reference's name: the ``MixedPrecisionPolicy`` FSDP applies to the wrapped blocks (``mixed_precision=``
+        if given, else the precision's), ``None`` when FSDP casts nothing. An FSDP2 policy, not FSDP1's
+        ``MixedPrecision`` (docs/decisions.md)."""
+        if self._mixed_precision is not None:
+            return self._mixed_precision(False)
+        precision = self.fsdp_precision
+        return precision.mixed_precision_config if precision is not None else None
+
     def _mp_policy(self, root: bool) -> Any:
         """The ``MixedPrecisionPolicy`` of one ``fully_shard`` call: ``mixed_precision=`` wins over the precision's."""
         from torch.distributed.fsdp import MixedPrecisionPolicy
