@@ -30,6 +30,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -44,7 +45,7 @@ LANE_VENV = REPO / ".venv-gpu"
 #: The distributions the GPU paths need (the trackers and XLA have no CUDA path of their own).
 GPU_DISTS = ("core", "plugins/ddp", "plugins/amp", "plugins/fsdp", "plugins/deepspeed")
 #: Test tools the lane needs, installed only when missing.
-TEST_TOOLS = ("pluggy>=1.3", "pytest>=8", "pytest-timeout>=2.3", "psutil>=5.9", "numpy>=1.26")
+TEST_TOOLS = ("pluggy>=1.3", "pytest>=8", "pytest-timeout>=2.3", "psutil>=5.9", "numpy>=1.26", "setuptools>=77", "wheel")
 #: Seconds per step; each is also cut to what is left of ``--budget``.
 TIMEOUTS = {"probe": 90, "install": 240, "tests": 240, "bench_single": 200, "bench_parallel": 200}
 
@@ -79,17 +80,23 @@ class Lane:
         """One command with a hard timeout; never raises: returns its code (None on timeout) and output tail."""
         t0 = time.monotonic()
         try:
-            done = subprocess.run(
-                [str(c) for c in cmd], cwd=REPO, capture_output=True, text=True, timeout=timeout,
+            # its own session, so that a timeout ends the whole tree (torchrun's workers hold the GPU otherwise)
+            proc = subprocess.Popen(
+                [str(c) for c in cmd], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                 env={**os.environ, **(env or {})}, start_new_session=True,
             )  # fmt: skip
-            code, out = done.returncode, done.stdout + done.stderr
-        except subprocess.TimeoutExpired as err:
-            code = None
-            out = f"{err.stdout or ''}{err.stderr or ''}\n[timed out after {timeout:.0f} s]"
-            out = out if isinstance(out, str) else out.decode(errors="replace")
         except OSError as err:
-            code, out = 127, f"{type(err).__name__}: {err}"
+            return {"cmd": " ".join(str(c) for c in cmd), "code": 127, "seconds": 0.0, "tail": f"{type(err).__name__}: {err}"}
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+            code = proc.returncode
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            out, _ = proc.communicate()
+            code, out = None, f"{out or ''}\n[timed out after {timeout:.0f} s: its process group was killed]"
         return {"cmd": " ".join(str(c) for c in cmd), "code": code, "seconds": round(time.monotonic() - t0, 1),
                 "tail": out[-2500:]}  # fmt: skip
 
@@ -158,15 +165,15 @@ class Lane:
             # the registry's default Linux wheel of torch is the CUDA build (it brings the nvidia-* libraries)
             planned.append([python, "-m", "pip", "install", f"torch=={pin}", *index])
         missing = [m for m, ok in info.get("modules", {}).items() if not ok] if python == info["python"] else None
+        if missing is None or {"pytest", "pytest_timeout"} & set(missing):
+            planned.append([python, "-m", "pip", "install", *TEST_TOOLS])
+        else:
+            skipped.append("test tools: already importable")
         if missing is None or {"fabric_core", "fabric_ddp", "fabric_amp", "fabric_fsdp", "fabric_deepspeed"} & set(missing):
             editable = [a for d in GPU_DISTS for a in ("-e", str(REPO / d))]
             planned.append([python, "-m", "pip", "install", "--no-deps", "--no-build-isolation", *editable])
         else:
             skipped.append("fabric-core and the GPU plugins: already importable")
-        if missing is None or {"pytest", "pytest_timeout"} & set(missing):
-            planned.append([python, "-m", "pip", "install", *TEST_TOOLS])
-        else:
-            skipped.append("test tools: already importable")
         if missing is None or "deepspeed" in missing:
             ds = re.search(r'"(deepspeed==[^"]+)"', (REPO / "plugins/deepspeed/pyproject.toml").read_text()).group(1)
             # torch is held at whatever is installed by then (a constraint written just before the command runs)
@@ -207,8 +214,9 @@ class Lane:
     def tests(self) -> None:
         files = self.cuda_test_files()
         xml = Path(tempfile.mkdtemp()) / "cuda.xml"
-        cmd = [self.python, "-m", "pytest", "-m", "cuda", "-q", "-rs", "-p", "no:cacheprovider", "-n", "0",
-               f"--junitxml={xml}", *files]  # fmt: skip
+        # no `-n`: pytest-xdist may be absent on a bare machine; the jobs inside the tests are the parallel part
+        cmd = [self.python, "-m", "pytest", "-m", "cuda", "-q", "-rs", "-p", "no:cacheprovider", f"--junitxml={xml}",
+               *files]  # fmt: skip
         res = self.run(cmd, self.timeout("tests"), env={"PYTHONWARNINGS": "ignore"})
         counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
         failed_ids: list[str] = []
@@ -293,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as err:  # one broken step must not hide the others
                 lane.record(name, "error", note=f"{type(err).__name__}: {err}"[-1500:])
     summary = {
-        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),  # noqa: UP017 (Python 3.10 on a bare GPU machine)
         "dry_run": args.dry_run,
         "python": lane.python if hasattr(lane, "python") else None,
         "elapsed_s": round(time.monotonic() - started, 1),

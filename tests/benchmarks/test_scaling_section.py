@@ -69,3 +69,14 @@ def test_scaling_quick_mode_at_one_and_two_ranks(tmp_path: Path) -> None:
     assert md.startswith("### Scaling")
     for strategy in ("ddp", "fsdp", "model_parallel"):
         assert f"| {strategy} | 2 | ours |" in md
+
+
+def test_the_projection_fits_a_line_over_the_world_sizes_above_one() -> None:
+    from benchmarks.sections.scaling import _fit, _projection
+
+    assert _fit([(1, 100.0), (2, 3.0), (4, 5.0), (8, 9.0)]) == (1.0, 1.0)  # N = 1 (no peers) is left out
+    assert _fit([(1, 1.0), (2, 1.0)]) is None  # one point above 1 fixes no slope
+    assert _fit([(2, 5.0), (4, 3.0), (8, 1.0)])[1] == 0.0  # a falling curve is flat, not negative, at scale
+    coll = {str(n): {"ours": {"coll_barrier_ms": {"median": 0.5 + 0.25 * n}}} for n in (1, 2, 4, 8)}
+    proj = _projection(coll, [1, 2, 4, 8])["barrier"]
+    assert proj["unit"] == "ms" and proj["at"]["1024"] == 0.5 + 0.25 * 1024

@@ -36,7 +36,7 @@ def _gpus() -> int:
 
 
 def _job(scenario: str, tmp_path: Path) -> dict:
-    run_script(SCRIPTS / "gpu_job.py", scenario, str(tmp_path), str(_gpus()), timeout=300, tmp_path=tmp_path)
+    run_script(SCRIPTS / "gpu_job.py", scenario, str(tmp_path), str(_gpus()), timeout=150, tmp_path=tmp_path)
     return read_json(tmp_path / f"{scenario}.json")
 
 
