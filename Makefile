@@ -25,7 +25,7 @@ CHECK_TORCH := import importlib.metadata as m, re, torch; \
 	cuda = sorted(d.metadata['Name'] for d in m.distributions() if d.metadata['Name'].lower().startswith(('nvidia-', 'triton'))); \
 	assert torch.__version__.split('+')[0] == pin and not cuda, f'torch {torch.__version__} (pin {pin}), CUDA packages {cuda}'
 
-.PHONY: setup demo test test-bare setup-xla test-xla stress lint bench clean
+.PHONY: setup demo test test-bare setup-xla test-xla stress lint bench gpu-lane clean
 
 $(STAMP): requirements-dev.txt $(foreach d,$(DISTS),$(d)/pyproject.toml) Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -95,5 +95,12 @@ bench: $(STAMP)
 		assert torch.__version__.split('+')[0] == pin, f'torch is {torch.__version__}, requirements-dev.txt pins {pin}'"
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
+# The GPU lane (at most 8 minutes on one GPU): installs only what is missing (CUDA torch into .venv-gpu, the GPU
+# plugins, DeepSpeed; tolerates no network), runs every test marked `cuda`, then benchmarks/gpu_bench.py; results in
+# benchmarks/results/. Needs no .venv (a bare GPU machine has only the repository). `make gpu-lane DRY=1` checks the
+# wiring on a machine without CUDA: nothing installed, the CUDA tests must all skip. See benchmarks/gpu_lane.py.
+gpu-lane:
+	$(PYTHON) benchmarks/gpu_lane.py $(if $(DRY),--dry-run,) $(GPU_LANE_ARGS)
+
 clean:
-	rm -rf $(VENV) $(XLA_VENV) .bare demo_output
+	rm -rf $(VENV) $(XLA_VENV) .venv-gpu .bare demo_output

@@ -243,6 +243,7 @@ def test_cpu_has_no_peak_and_no_mfu() -> None:
     assert get_available_flops("cpu", torch.bfloat16) is None
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_device_peak() -> None:
     flops = get_available_flops(torch.device("cuda", 0), torch.bfloat16)
