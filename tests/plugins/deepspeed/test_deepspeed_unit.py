@@ -82,7 +82,8 @@ def test_fabric_plugins_check_reports_every_name_available() -> None:
     ours = {e["name"]: e["status"] for e in report["entries"] if e["distribution"] == "fabric-deepspeed"}
     assert ours == dict.fromkeys(NAMES, "available")
     plugin = next(p for p in report["plugins"] if p["distribution"] == "fabric-deepspeed")
-    assert sorted(plugin["decision_hooks"]) == ["fabric_select_checkpoint_reader"]  # its precision: the strategy's own
+    # Its precision is the strategy's own answer; its folders are read through its registered checkpoint format.
+    assert sorted(plugin["decision_hooks"]) == []
     assert not any(f["distribution"] == "fabric-deepspeed" for f in report["failures"])
 
 
@@ -241,5 +242,5 @@ def test_checkpoint_directories_are_recognised_from_file_names(tmp_path: Path) -
     (tmp_path / "latest").write_text("../etc")
     assert not is_deepspeed_checkpoint(tmp_path)
     reader = get_registry().decisions.select_checkpoint_reader(ckpt)
-    assert reader is not None and reader.__name__ == "load_deepspeed_checkpoint"
+    assert reader is not None and type(reader.__self__).__name__ == "DeepSpeedFormat"  # the registered format's read
     assert get_registry().decisions.select_checkpoint_reader(tmp_path) is None
