@@ -4,7 +4,8 @@
 * :mod:`~fabric_core.io.format`: the :class:`CheckpointFormat` interface and the :class:`FormatContext` a format
   receives from its strategy; :mod:`~fabric_core.io.single_file`: the default format;
 * :mod:`~fabric_core.io.commit`: crash-safe single files and multi-rank folders (:mod:`~fabric_core.io.remote` for
-  object stores, :mod:`~fabric_core.io.coordination` for the ranks' votes);
+  object stores, :mod:`~fabric_core.io.coordination` for the ranks' votes); :mod:`~fabric_core.io.dcp`:
+  torch.distributed.checkpoint's storage for a location;
 * :func:`lazy_load` (:mod:`~fabric_core.io.lazy`): open a big checkpoint file with tensors read on access;
 * :mod:`~fabric_core.io.state`: the walk over a user's state; :mod:`~fabric_core.io.checkpoint_io`: the
   reference's ``CheckpointIO`` plugin type; :mod:`~fabric_core.io.background`: what finishes after the call.

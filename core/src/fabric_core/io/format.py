@@ -16,8 +16,10 @@ The core's building blocks do the rest once for every format: the walk over the 
 (:func:`~fabric_core.io.commit.commit_directory`), and the path errors (:mod:`fabric_core.io.errors`).
 
 The single-file format (:class:`~fabric_core.io.single_file.SingleFileFormat`) is the default of every strategy;
-fabric-fsdp and fabric-deepspeed implement their folder formats on the same interface. ``docs/plugins.md`` shows
-how to write a new one.
+fabric-fsdp and fabric-deepspeed implement their folder formats on the same interface. Formats are a plugin kind
+(``fabric_register_checkpoint_formats``): a registered format is read by any strategy that does not know it and
+written by any strategy asked to (``Strategy.save_checkpoint(..., checkpoint_format=...)``). ``docs/plugins.md``
+shows how to write a new one.
 """
 
 from __future__ import annotations
