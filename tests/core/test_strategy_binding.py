@@ -27,8 +27,10 @@ from fabric_core.strategies.single_device import SingleDeviceStrategy
 
 @pytest.fixture(autouse=True)
 def clean_environment(monkeypatch: pytest.MonkeyPatch):
-    for var in ("FABRIC_CLI_USED", "FABRIC_PRECISION", "FABRIC_STRATEGY", "FABRIC_ACCELERATOR", "FABRIC_DEVICES"):
-        monkeypatch.delenv(var, raising=False)
+    """No ``fabric run`` settings before a test, and none left after it (``prepare_environment`` sets them)."""
+    for var in (connector.CLI_FLAG, *connector.CLI_SETTINGS.values(), "OMP_NUM_THREADS", "FABRIC_HANG_TIMEOUT"):
+        monkeypatch.setenv(var, "")  # recorded, so monkeypatch restores the original state afterwards
+        monkeypatch.delenv(var)
     reset_registry()
     yield
     reset_registry()
