@@ -26,6 +26,7 @@ def _positive(s: dict) -> bool:
     return s["n"] == 1 and all(math.isfinite(v) and v > 0 for v in s["values"])
 
 
+@pytest.mark.timeout(1800)  # 12 fresh jobs; minutes on a loaded 2-core machine
 def test_scaling_quick_mode_at_one_and_two_ranks(tmp_path: Path) -> None:
     section = by_name("scaling")
     reason = section.unavailable()
