@@ -34,7 +34,8 @@ def lighthouse(port: int) -> None:
 
     # min_replicas=1: one live replica group is a quorum, so replica 0 keeps stepping alone. join_timeout_ms: how
     # long a quorum waits for groups that were not in the previous one (the first quorum waits for both).
-    server = LighthouseServer(bind=f"127.0.0.1:{port}", min_replicas=1, join_timeout_ms=3000, heartbeat_timeout_ms=2000)
+    # SPIKE_BIND="[::]" SPIKE_HOSTNAME=default: the previous attempt's all-interfaces bind and hostname announce.
+    server = LighthouseServer(bind=os.environ.get("SPIKE_BIND", "127.0.0.1") + f":{port}", min_replicas=1, join_timeout_ms=3000, heartbeat_timeout_ms=2000)
     print("lighthouse", server.address(), flush=True)
     while True:
         time.sleep(1)
@@ -72,7 +73,7 @@ def replica(replica_id: int, lighthouse_addr: str, out: Path) -> None:
         store_port=store.port,
         lighthouse_addr=lighthouse_addr,
         replica_id=f"replica_{replica_id}",
-        hostname="127.0.0.1",
+        **({} if os.environ.get("SPIKE_HOSTNAME") == "default" else {"hostname": "127.0.0.1"}),
     )
     ddp = DistributedDataParallel(manager, model)
     ftopt = Optimizer(manager, opt)
@@ -123,7 +124,7 @@ def main() -> int:
     try:
         start("lighthouse", str(port), log="lighthouse.log")
         time.sleep(1)
-        r0 = start("replica", "0", addr, str(work / "r0.pt"), log="r0.log")
+        start("replica", "0", addr, str(work / "r0.pt"), log="r0.log")
         r1 = start("replica", "1", addr, str(work / "r1.pt"), log="r1.log")
         wait_for(lambda: _last_step(work / "r1.log") >= KILL_AT, "replica 1 reaching the kill step")
         os.kill(r1.pid, signal.SIGKILL)
