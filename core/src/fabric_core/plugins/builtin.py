@@ -65,6 +65,7 @@ FIRST_PARTY: dict[str, dict[str, tuple[str, ...]]] = {
     "fabric-amp": {"precision": ("16-mixed", "bf16-mixed", "16", "bf16")},
     "fabric-wandb": {"logger": ("wandb",)},
     "fabric-mlflow": {"logger": ("mlflow",)},
+    "fabric-ft": {"strategy": ("ft_ddp", "ft_*")},
 }
 
 

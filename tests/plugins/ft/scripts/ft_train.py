@@ -1,0 +1,67 @@
+"""One replica group of an ``ft_ddp`` job: a small regression trained with the ordinary Fabric loop.
+
+``python ft_train.py OUT STOP [SLEEP]`` with ``TORCHFT_LIGHTHOUSE``, ``REPLICA_GROUP_ID`` and ``NUM_REPLICA_GROUPS``
+set. Every step appends ``{"step", "participants", "committed", "t"}`` to ``OUT/progress.jsonl``; once the file
+``STOP`` holds a step number and the step counter reached it, the weights go to ``OUT/final.pt`` and the loss over
+the whole data set to ``OUT/result.json``; the first group of the last quorum also writes ``OUT/checkpoint.ckpt``
+with ``fabric.save``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from fabric_core import Fabric
+from fabric_ft import FTDDPStrategy
+
+
+def main(out: Path, stop: Path, sleep: float) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    fabric = Fabric(accelerator="cpu", devices=1, strategy=FTDDPStrategy(hostname="127.0.0.1"))
+    torch.manual_seed(0)  # the same data and the same initial weights in every group
+    x = torch.randn(512, 8)
+    y = x @ torch.randn(8, 1) + 0.1 * torch.randn(512, 1)
+    plain = nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(plain.parameters(), lr=0.05, momentum=0.9)
+    model, optimizer = fabric.setup(plain, optimizer)
+    loader = fabric.setup_dataloaders(DataLoader(TensorDataset(x, y), batch_size=16))
+    manager = fabric.strategy.manager
+    log = (out / "progress.jsonl").open("a")
+
+    def stopping() -> bool:
+        text = stop.read_text().strip() if stop.exists() else ""
+        return bool(text) and manager.current_step() >= int(text)
+
+    epoch = 0
+    while not stopping():
+        loader.sampler.set_epoch(epoch)
+        for xb, yb in loader:
+            optimizer.zero_grad()
+            loss = nn.functional.mse_loss(model(xb), yb)
+            fabric.backward(loss)
+            optimizer.step()
+            record = {"step": manager.current_step(), "participants": manager.num_participants(),
+                      "committed": optimizer.committed, "t": time.time()}  # fmt: skip
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+            if stopping():
+                break
+            time.sleep(sleep)
+        epoch += 1
+    torch.save(plain.state_dict(), out / "final.pt")
+    with torch.no_grad():
+        final_loss = nn.functional.mse_loss(plain(x), y).item()
+    # An ordinary checkpoint beside the fault tolerance: written by the first group of the quorum only.
+    fabric.save(out / "checkpoint.ckpt", {"model": model, "optimizer": optimizer})
+    (out / "result.json").write_text(json.dumps({"loss": final_loss, "step": manager.current_step()}))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3]) if len(sys.argv) > 3 else 0.02)
