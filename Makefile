@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # core first, then every plugin distribution (each has its own pyproject.toml); new plugins join this list.
-DISTS := core plugins/ddp plugins/amp plugins/fsdp plugins/deepspeed plugins/xla plugins/wandb plugins/mlflow plugins/bnb
+DISTS := core plugins/ddp plugins/amp plugins/fsdp plugins/deepspeed plugins/xla plugins/wandb plugins/mlflow plugins/bnb plugins/ao
 STAMP := $(VENV)/.installed
 PYTEST_WORKERS ?= 2
 # Test-only packages installed without their dependencies, so pip cannot replace the pinned torch: torchdata
