@@ -244,12 +244,27 @@ def render(result: dict[str, Any], ctx: RenderContext) -> str:
             ],
         ),
         "",
-        f"NF4 over bf16: final loss {stat(r['qlora_final_loss'], 3)}, steps/s {stat(r['qlora_speed'], 2)}."
-        f" float8 over bf16-mixed: final loss {stat(r['float8_final_loss'], 3)}, steps/s {stat(r['float8_speed'], 2)}"
-        " (emulation does the float8 casts on top of a high-precision matmul: slower on a CPU by design; on a GPU"
-        " with float8 matmuls the gain is the point, see the GPU section).",
+        f"NF4 over bf16: final loss {stat(r['qlora_final_loss'], fixed=3)}, steps/s {stat(r['qlora_speed'], fixed=2)}."
+        f" float8 over bf16-mixed: final loss {stat(r['float8_final_loss'], fixed=3)}, steps/s"
+        f" {stat(r['float8_speed'], fixed=2)}. " + _speed_note(r["float8_speed"]["median"]),
     ]
     return "\n".join(lines)
+
+
+def _speed_note(float8_over_bf16: float) -> str:
+    """What the float8 speed ratio means on a CPU (emulation: float8 casts, then a float32 matmul)."""
+    if float8_over_bf16 >= 1:
+        return (
+            "Emulated float8 was not slower here: its matmuls run in float32 while bf16-mixed's run under bfloat16"
+            " autocast, which this CPU may not accelerate (a CPU with AVX512-BF16/AMX measured float8 emulation 3-4x"
+            " slower than bf16-mixed,"
+            " reference/measured-here.md). Emulation is for numerics, not speed; the speed-up needs a GPU with"
+            " float8 matmuls (not measured: no GPU in this run)."
+        )
+    return (
+        "Emulated float8 is slower on a CPU by design (float8 casts on top of a float32 matmul); the speed-up needs"
+        " a GPU with float8 matmuls (not measured: no GPU in this run)."
+    )
 
 
 def _unavailable() -> str | None:
