@@ -26,6 +26,13 @@ class Precision:
     #: canonical name, e.g. ``"32-true"``.
     precision: str = "32-true"
 
+    #: ``True`` for a precision that only rewrites the model's modules (``convert_module``,
+    #: ``module_init_context``) and may act after ``optimizer_step``, and otherwise behaves as ``32-true`` (no
+    #: dtype, autocast, input casting or backward of its own): float8 training that swaps Linear layers, for
+    #: example. A strategy that needs its own precision type may accept such a precision, since the two do not
+    #: compete over the model's dtypes (docs/decisions.md, "Module-transforming precisions").
+    transforms_modules_only: bool = False
+
     def configure(self, device_type: str) -> None:
         """Told once which device type the run uses (autocast needs it). Default: nothing to do."""
 

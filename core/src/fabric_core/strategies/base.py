@@ -82,6 +82,7 @@ def require_precision_type(
     supported: Iterable[str],
     reason: str,
     also_accepted: tuple[type[Precision], ...] = (),
+    accept_module_transforms: bool = False,
 ) -> None:
     """Refuse a precision object that a strategy whose engine does the casting cannot drive.
 
@@ -89,9 +90,13 @@ def require_precision_type(
     float8 strategy): anything but ``needs`` (or a subclass) and the exact types in ``also_accepted`` is a
     ``TypeError`` that names the strategy (``strategy``, its label; ``name``, its registered name), the precision
     given, the type it needs, why (``reason``), and how to ask for it (``supported``: the names ``needs`` takes).
-    ``None`` (nothing set yet) passes.
+    ``None`` (nothing set yet) passes. With ``accept_module_transforms``, so does a precision whose
+    :attr:`~fabric_core.precision.base.Precision.transforms_modules_only` is true (it only rewrites modules, so it
+    does not compete with the strategy's own casting).
     """
     if precision is None or isinstance(precision, needs) or type(precision) in also_accepted:
+        return
+    if accept_module_transforms and getattr(precision, "transforms_modules_only", False):
         return
     value = getattr(precision, "precision", None)
     supported = tuple(supported)

@@ -49,6 +49,7 @@ def _check_precision(precision: Precision | None) -> None:
         reason="FSDP2 applies mixed and half precision through its sharding policy, not through another strategy's"
         " precision plugin.",
         also_accepted=(Precision, FullPrecision, DoublePrecision),
+        accept_module_transforms=True,  # e.g. float8 training: FSDP2 shards the modules it left
     )
 
 

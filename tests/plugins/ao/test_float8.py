@@ -1,0 +1,154 @@
+"""fabric-ao on one CPU process, with the real torchao: float8 layers (emulated), training, checkpoints, bad input,
+the Transformer Engine names."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("torchao", reason="fabric-ao's tests need torchao (pip install fabric-ao)")
+
+from fabric_ao import Float8Precision  # noqa: E402
+from torchao.float8.float8_linear import Float8Linear  # noqa: E402
+
+from fabric_core import Fabric  # noqa: E402
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(32, 64)
+        self.down = nn.Linear(64, 32)
+        self.odd = nn.Linear(32, 10)  # 10 is not a multiple of 16: skipped, with a warning naming it
+
+    def forward(self, x):
+        return self.odd(torch.relu(self.down(torch.relu(self.up(x)))))
+
+
+def _data(n: int = 64):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 32, generator=g)
+    return x, (x[:, :10] * 2).sin()
+
+
+def _train(fabric: Fabric, model: nn.Module, steps: int = 30) -> list[float]:
+    model, optimizer = fabric.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    x, y = _data()
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        fabric.backward(loss)
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_float8_by_name_converts_eligible_layers_and_warns_about_the_rest():
+    fabric = Fabric(accelerator="cpu", precision="float8")
+    precision = fabric.strategy.precision
+    assert isinstance(precision, Float8Precision) and precision.emulate is True  # no float8 matmuls on a CPU
+    torch.manual_seed(0)
+    with pytest.warns(UserWarning, match=r"odd \(32->10\)"):
+        model = fabric.setup(Net())
+    assert isinstance(model.up, Float8Linear) and isinstance(model.down, Float8Linear)
+    assert type(model.odd) is nn.Linear
+    assert model.up.config.emulate and model.up.weight.dtype == torch.float32  # master weights stay float32
+
+
+def test_float8_training_tracks_full_precision():
+    torch.manual_seed(0)
+    reference = Net()
+    float8 = Net()
+    float8.load_state_dict(reference.state_dict())
+    full = _train(Fabric(accelerator="cpu"), reference)
+    with pytest.warns(UserWarning, match="not multiples of 16"):
+        ours = _train(Fabric(accelerator="cpu", precision="float8"), float8)
+    assert ours[-1] < 0.5 * ours[0], ours
+    assert ours != full  # the float8 casts really happen (emulation is not a no-op)
+    assert abs(ours[-1] - full[-1]) < 0.1 * full[0], (ours[-1], full[-1])
+
+
+def test_init_module_empty_init_and_checkpoint_round_trip(tmp_path):
+    fabric = Fabric(accelerator="cpu", plugins=Float8Precision(module_filter_fn=lambda m, fqn: fqn != "odd"))
+    with fabric.init_module(empty_init=True):
+        model = Net()
+    torch.manual_seed(1)
+    model.load_state_dict(Net().state_dict())
+    model, optimizer = fabric.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    assert isinstance(model.up, Float8Linear) and type(model.odd) is nn.Linear
+    x, y = _data()
+    for _ in range(3):
+        optimizer.zero_grad()
+        fabric.backward(nn.functional.mse_loss(model(x), y))
+        optimizer.step()
+    fabric.save(tmp_path / "ckpt.pt", {"model": model, "optimizer": optimizer})
+    fresh_fabric = Fabric(accelerator="cpu", precision="float8")
+    fresh = Net()
+    with pytest.warns(UserWarning):
+        fresh, fresh_opt = fresh_fabric.setup(fresh, torch.optim.AdamW(fresh.parameters(), lr=1e-2))
+    fresh_fabric.load(tmp_path / "ckpt.pt", {"model": fresh, "optimizer": fresh_opt})
+    for (k, a), (_, b) in zip(model.state_dict().items(), fresh.state_dict().items()):
+        assert torch.equal(a, b), k
+    with torch.no_grad():
+        assert torch.equal(model(x), fresh(x))
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match=r"Valid: tensorwise, rowwise, rowwise_with_gw_hp"):
+        Float8Precision(recipe="blockwise")
+    with pytest.raises(ValueError, match="needs the 'tensorwise' recipe"):
+        Float8Precision(recipe="rowwise", enable_fsdp_float8_all_gather=True)
+    with pytest.raises(ValueError, match="emulate=True"):
+        Fabric(accelerator="cpu", plugins=Float8Precision(emulate=False))
+    with pytest.raises(TypeError, match="wrap it in a container"):
+        Fabric(accelerator="cpu", precision="float8").setup(nn.Linear(16, 16))
+
+
+def test_missing_torchao_gives_the_pip_line():
+    code = (
+        "import sys; sys.modules['torchao'] = None\n"
+        "from fabric_core import Fabric\n"
+        "try:\n"
+        "    Fabric(accelerator='cpu', precision='float8')\n"
+        "except Exception as err:\n"
+        "    print(type(err).__name__, err)\n"
+        "print('torchao imported' if sys.modules.get('torchao') else 'ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert 'pip install "torchao==0.18.0"' in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("name", ["transformer-engine", "transformer-engine-float16"])
+def test_transformer_engine_says_what_is_missing(name):
+    try:
+        import transformer_engine  # noqa: F401
+
+        missing = "CUDA GPU" if not torch.cuda.is_available() else None
+    except ImportError:
+        missing = "pip install --no-build-isolation"
+    if missing is None:
+        pytest.skip("Transformer Engine and a CUDA GPU are present: the GPU lane runs the real path")
+    with pytest.raises((ModuleNotFoundError, RuntimeError)) as info:
+        Fabric(accelerator="cpu", precision=name)
+    message = str(info.value)
+    assert missing in message and "transformer_engine" in message.lower().replace("-", "_")
+    assert "precision='float8'" in message  # what works here instead
+
+
+def test_listing_precisions_imports_no_torchao():
+    code = (
+        "import sys\n"
+        "from fabric_core.plugins import get_registry\n"
+        "names = get_registry().names('precision')\n"
+        "assert 'torchao' not in sys.modules and 'transformer_engine' not in sys.modules\n"
+        "print(names)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    for name in ("float8", "float8-rowwise", "transformer-engine", "transformer-engine-float16"):
+        assert f"'{name}'" in out.stdout
