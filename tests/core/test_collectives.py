@@ -9,7 +9,7 @@ import pytest
 import torch
 from jobs import run_ranks
 
-from fabric_core.plugins.collectives import Collective, SingleDeviceCollective, TorchCollective
+from fabric_core.collectives import Collective, SingleDeviceCollective, TorchCollective
 
 SCRIPT = Path(__file__).parent / "scripts" / "collectives_job.py"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from fabric_core import Fabric
-from fabric_core.plugins.collectives import CollectibleGroup, TorchCollective
+from fabric_core.collectives import CollectibleGroup, TorchCollective
 
 
 def check_world(world: TorchCollective) -> dict:
