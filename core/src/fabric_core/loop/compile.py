@@ -1,9 +1,12 @@
 """Compile each repeated block of a model (each Transformer layer, say) instead of the whole model.
 
-``compile_blocks(model)`` before ``fabric.setup(model, ...)``. Each block is compiled in place
-(``torch.nn.Module.compile``): the module objects, their names and their parameters stay what they were, so every
-strategy wraps them as it wraps an eager model. FSDP2 shards the same block objects (its hooks run around the
-compiled forward), activation checkpointing wraps a compiled block, and a checkpoint's keys are unchanged.
+``compile_blocks(model)`` before ``fabric.setup(model, ...)``. Each block is compiled in place: its ``forward``
+becomes a ``torch.compile``-d function, while the module objects, their names and their parameters stay what they
+were, so every strategy wraps them as it wraps an eager model. FSDP2 shards the same block objects (its hooks run
+around the compiled forward, not inside it), activation checkpointing applies to them, and a checkpoint's keys are
+unchanged. (Not ``Module.compile()``: dynamo skips that for torch's own module classes, such as
+``nn.TransformerEncoderLayer``, which then silently run eager; the forward is compiled through a function of this
+module instead, which dynamo traces into any class.)
 
 Why blocks and not the whole model: the blocks are the same code, so dynamo compiles one graph and reuses it for
 every layer (compile time does not grow with depth), and what cannot be traced (data-dependent Python between the
@@ -17,7 +20,7 @@ from typing import Any
 
 from torch.nn import Module, ModuleDict, ModuleList, Sequential
 
-__all__ = ["compile_blocks", "repeated_blocks"]
+__all__ = ["compile_blocks", "is_compiled_block", "repeated_blocks"]
 
 BlockSpec = type[Module] | tuple[type[Module], ...] | Callable[[Module], bool] | None
 
@@ -75,6 +78,23 @@ def compile_blocks(model: Module, blocks: BlockSpec = None, **compile_kwargs: An
     for name, block in selected:  # a block inside another selected block is compiled with it
         if not any(name.startswith(other + ".") for other, _ in outer):
             outer.append((name, block))
+    import functools
+
+    import torch
+
+    # One compiled function for every block, the block passed as an argument: dynamo treats the blocks' parameters
+    # as inputs, so blocks of one class share one graph (no compile per layer, no recompile limit at depth > 8).
+    compiled = torch.compile(_block_forward, **compile_kwargs)
     for _, block in outer:
-        block.compile(**compile_kwargs)
+        block.forward = functools.partial(compiled, block)  # type: ignore[method-assign]
     return [name for name, _ in outer]
+
+
+def _block_forward(block: Module, *args: Any, **kwargs: Any) -> Any:
+    return type(block).forward(block, *args, **kwargs)
+
+
+def is_compiled_block(module: Module) -> bool:
+    """Whether :func:`compile_blocks` compiled ``module``."""
+    forward = vars(module).get("forward")
+    return getattr(getattr(forward, "func", None), "_torchdynamo_orig_callable", None) is _block_forward

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from fabric_core import Fabric
-from fabric_core.loop.compile import compile_blocks
+from fabric_core.loop.compile import compile_blocks, is_compiled_block
 from fabric_fsdp import FSDPStrategy
 
 
@@ -58,7 +58,7 @@ def main(out: Path) -> None:
     inner = model.module
     seen = {
         "compiled": names,
-        "still_compiled": [m._compiled_call_impl is not None for m in inner.modules() if isinstance(m, Block)],
+        "still_compiled": [is_compiled_block(m) for m in inner.modules() if isinstance(m, Block)],
         "checkpointed": [checkpoint.state(m) is not None for m in inner.modules() if isinstance(m, Block)],
         "losses": losses,
         "reference": ref_losses,
