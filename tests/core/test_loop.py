@@ -167,3 +167,92 @@ def test_profile_refuses_a_bad_schedule(tmp_path):
         pass
     with pytest.raises(TypeError, match=r"takes a `torch.profiler.schedule\(...\)` or a dict"), fabric.profile(tmp_path, schedule=3):
         pass
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.linear(x))
+
+
+class Stack(nn.Module):
+    def __init__(self, depth: int = 3) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = nn.Linear(4, 8)
+        self.layers = nn.ModuleList(Block() for _ in range(depth))
+        self.out = nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for layer in self.layers:
+            h = layer(h)
+        return self.out(h)
+
+
+def test_compile_blocks_finds_the_repeated_layers_and_keeps_names():
+    from fabric_core.loop.compile import compile_blocks, is_compiled_block, repeated_blocks
+
+    model = Stack()
+    assert [n for n, _ in repeated_blocks(model)] == ["layers.0", "layers.1", "layers.2"]
+    keys = list(model.state_dict())
+    assert compile_blocks(model, backend="aot_eager") == ["layers.0", "layers.1", "layers.2"]
+    assert list(model.state_dict()) == keys  # compiled in place: a checkpoint's keys do not change
+    assert all(is_compiled_block(layer) for layer in model.layers) and not is_compiled_block(model)
+    assert compile_blocks(Stack(), blocks=Block, backend="aot_eager") == ["layers.0", "layers.1", "layers.2"]
+    assert compile_blocks(Stack(), blocks=lambda m: m.__class__ is nn.Linear, backend="aot_eager")[:2] == ["inp", "layers.0.linear"]
+
+
+def test_compile_blocks_says_what_to_do_when_nothing_matches():
+    from fabric_core.loop.compile import compile_blocks
+
+    with pytest.raises(ValueError, match="it has no repeated blocks.*compile_blocks\\(model, blocks=TransformerBlock\\)"):
+        compile_blocks(nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="no submodule matches `blocks`"):
+        compile_blocks(Stack(), blocks=nn.Conv2d)
+    with pytest.raises(TypeError, match="takes a module class"):
+        compile_blocks(Stack(), blocks="Block")
+
+
+@pytest.mark.parametrize("block_class", ["ours", "torch"])
+def test_a_model_compiled_per_block_trains_as_the_eager_one(block_class):
+    """Set up by Fabric after ``compile_blocks``: the same losses and weights as the eager model, step by step, and
+    the blocks really run compiled (one graph for all of them), also torch's own classes, which ``Module.compile``
+    would leave eager. (A recording backend in front of ``aot_eager``, which traces forward and backward as inductor
+    does without its C++ build: inductor on the CPU is measured in benchmarks/compile_blocks.py.)"""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    from fabric_core.loop.compile import compile_blocks
+
+    graphs = []
+
+    def recording(gm, example_inputs):
+        graphs.append(gm)
+        return aot_autograd(fw_compiler=lambda g, _: make_boxed_func(g), bw_compiler=lambda g, _: make_boxed_func(g))(gm, example_inputs)
+
+    fabric = Fabric(accelerator="cpu")
+    eager, compiled = Stack(), Stack()
+    if block_class == "torch":
+        for model in (eager, compiled):
+            torch.manual_seed(0)
+            model.layers = nn.ModuleList(nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True) for _ in range(3))
+    compile_blocks(compiled, backend=recording)
+    runs = []
+    for model in (eager, compiled):
+        model, optimizer = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        torch.manual_seed(1)
+        losses = []
+        for _ in range(3):
+            loss = model(torch.randn(16, 4)).pow(2).mean()
+            fabric.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+        runs.append((losses, model.module.out.weight.detach()))
+    assert 1 <= len(graphs) <= 2, "each block compiled on its own instead of sharing one graph"
+    assert runs[0][0] == pytest.approx(runs[1][0], rel=1e-5)
+    assert torch.allclose(runs[0][1], runs[1][1], atol=1e-5)

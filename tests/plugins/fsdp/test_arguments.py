@@ -410,3 +410,13 @@ def test_arguments_on_two_ranks(tmp_path: Path) -> None:
     # Several FSDP models when loading: the reference's words.
     assert r["two_models_load"].startswith("Found multiple FSDP models in the given state")
     assert "Loading checkpoints with FSDP is limited to a single model" in r["two_models_load"]
+
+
+def test_blocks_compiled_in_place_are_sharded_and_checkpointed_per_block(tmp_path: Path) -> None:
+    """``fabric_core.loop.compile.compile_blocks`` before FSDP2 with activation checkpointing trains as eager does."""
+    run_ranks(SCRIPTS / "compile_blocks_checks.py", str(tmp_path), timeout=300, tmp_path=tmp_path)
+    seen = read_json(tmp_path / "compile_blocks.json")
+    assert seen["compiled"] == ["1", "2", "3"] and seen["still_compiled"] == [True, True, True]
+    assert seen["checkpointed"] == [True, True, True]  # the strategy's activation checkpointing took the same blocks
+    assert seen["losses"] == pytest.approx(seen["reference"], rel=1e-5)
+    assert seen["losses"][-1] < seen["losses"][0]
