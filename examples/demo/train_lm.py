@@ -44,7 +44,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from fabric_core import Fabric
 from fabric_core.loggers import CSVLogger, TensorBoardLogger
-from fabric_core.utilities.progress import ProgressBar
+from fabric_core.runtime.progress import ProgressBar
 
 # Pure-Python standard-library modules that exist as single files on every supported Python (3.10+).
 CORPUS_MODULES = (

@@ -1,4 +1,4 @@
-"""A failed rank's own error, recorded by the process and reported by the launcher (fabric_core.utilities.failures.py).
+"""A failed rank's own error, recorded by the process and reported by the launcher (fabric_core.runtime.failures.py).
 
 The jobs that exercise this end to end (rank 1 dying in the rendezvous under every launcher) are in
 tests/plugins/ddp/test_ddp_failures.py; here the recording in a real interpreter and the ordering rules.
@@ -13,11 +13,11 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from fabric_core.utilities import failures
-from fabric_core.utilities.failures import RankFailure, RecordedError
+from fabric_core.runtime import failures
+from fabric_core.runtime.failures import RankFailure, RecordedError
 
 RAISE = (
-    "from fabric_core.utilities import failures\n"
+    "from fabric_core.runtime import failures\n"
     "failures.record_uncaught_errors()\n"
     "def deep():\n"
     "    raise ValueError('boom in rank 1')\n"
@@ -53,7 +53,7 @@ def test_torchruns_variable_is_used_when_ours_is_not_set(tmp_path: Path):
 
 def test_nothing_is_installed_without_an_error_file():
     done = _python(
-        "import sys; hook = sys.excepthook; from fabric_core.utilities import failures;"
+        "import sys; hook = sys.excepthook; from fabric_core.runtime import failures;"
         " failures.record_uncaught_errors(); print(sys.excepthook is hook)"
     )
     assert done.stdout.strip() == "True", done.stderr

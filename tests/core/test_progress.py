@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
+from fabric_core.runtime.progress import ProgressBar
 from fabric_core.utilities import rank_zero
-from fabric_core.utilities.progress import ProgressBar
 
 
 class Terminal(io.StringIO):
@@ -45,7 +45,7 @@ def test_logs_get_a_line_at_the_start_then_at_most_every_interval_and_at_the_end
 
 def test_lines_repeat_with_the_interval(monkeypatch):
     clock = iter(float(t) for t in range(1000))
-    monkeypatch.setattr("fabric_core.utilities.progress.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("fabric_core.runtime.progress.time.perf_counter", lambda: next(clock))
     out = io.StringIO()
     bar = ProgressBar(total=None, desc="eval", unit="batch", log_every_s=10, file=out)
     for _ in range(25):
@@ -60,7 +60,7 @@ def test_terminal_gets_a_tqdm_bar_with_the_fields(monkeypatch):
     pytest.importorskip("tqdm")
     # Half a second per clock read: a rate over less than 1 ms is not shown, and three real updates can take less.
     clock = iter(0.5 * t for t in range(1000))
-    monkeypatch.setattr("fabric_core.utilities.progress.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("fabric_core.runtime.progress.time.perf_counter", lambda: next(clock))
     out = Terminal()
     with ProgressBar(total=3, desc="train", items_unit="tokens", refresh_s=0, file=out) as bar:
         for step in range(3):
@@ -88,6 +88,6 @@ def test_bad_arguments():
 
 
 def test_importing_it_does_not_import_tqdm():
-    code = "import sys, fabric_core.utilities.progress; assert 'tqdm' not in sys.modules, 'tqdm imported'"
+    code = "import sys, fabric_core.runtime.progress; assert 'tqdm' not in sys.modules, 'tqdm imported'"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -15,7 +15,7 @@ import torch
 from fabric_core import Fabric
 from fabric_core.io.location import CheckpointLocation
 from fabric_core.io.remote import COMMIT_MARKER
-from fabric_core.utilities.resume import RandomStates, find_latest_checkpoint
+from fabric_core.runtime.resume import RandomStates, find_latest_checkpoint
 
 
 def _fabric() -> Fabric:

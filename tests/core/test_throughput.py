@@ -1,4 +1,4 @@
-"""fabric_core.utilities.throughput: the reference's documented examples, exact rates, MFU and the peak table."""
+"""fabric_core.runtime.throughput: the reference's documented examples, exact rates, MFU and the peak table."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from fabric_core import Fabric
 from fabric_core.accelerators.cuda_flops import CUDA_FLOPS, chip_of, cuda_flops
 from fabric_core.loggers.base import Logger
-from fabric_core.utilities.throughput import (
+from fabric_core.runtime.throughput import (
     Throughput,
     ThroughputMonitor,
     compute_dtype,

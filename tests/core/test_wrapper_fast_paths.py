@@ -425,7 +425,7 @@ def test_dataloader_batches_are_moved_like_before():
 def test_a_step_reports_progress_only_while_a_watchdog_watches(monkeypatch: pytest.MonkeyPatch, watching: bool):
     """Without FABRIC_HANG_TIMEOUT the per-step calls skip the hang detector; with it, backward and step each report
     progress, also for objects set up before the watchdog started (the flag is read on every call)."""
-    from fabric_core.utilities import hang
+    from fabric_core.runtime import hang
 
     fabric = Fabric(accelerator="cpu", devices=1)
     layer = nn.Linear(2, 1)
@@ -444,7 +444,7 @@ def test_a_step_reports_progress_only_while_a_watchdog_watches(monkeypatch: pyte
 
 
 def test_the_watchdog_flag_follows_start_and_stop(monkeypatch: pytest.MonkeyPatch):
-    from fabric_core.utilities import hang
+    from fabric_core.runtime import hang
 
     monkeypatch.setattr(hang, "watching", False)
     monkeypatch.delenv(hang.HANG_TIMEOUT_VARIABLE, raising=False)

@@ -324,7 +324,7 @@ def prepare_environment(args: RunArgs, nprocs: int, devices: str) -> dict[str, s
         if option.fabric_setting and value is not None:
             values[CLI_SETTINGS[option.dest]] = str(value)
     if args.hang_timeout is not None:
-        from fabric_core.utilities.hang import HANG_TIMEOUT_VARIABLE
+        from fabric_core.runtime.hang import HANG_TIMEOUT_VARIABLE
 
         values[HANG_TIMEOUT_VARIABLE] = f"{args.hang_timeout:g}"
     os.environ.update(values)
@@ -378,7 +378,7 @@ def run_main(args: RunArgs) -> int:
 def report_failed_workers(err: Any) -> int:
     """Print which worker failed first, with its own error (torchrun's summary may name a peer that only lost its
     connection), and return the exit status of the command: that worker's."""
-    from fabric_core.utilities import failures
+    from fabric_core.runtime import failures
 
     found = []
     for rank, failure in sorted(err.failures.items()):

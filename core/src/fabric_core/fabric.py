@@ -23,11 +23,12 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from fabric_core import connector, loop
 from fabric_core.accelerators.base import Accelerator
+from fabric_core.plugins.host import get_registry
+from fabric_core.runtime import failures, hang
+from fabric_core.runtime.hang import counts_as_progress, report_progress, start_watchdog
 from fabric_core.strategies.base import Strategy
-from fabric_core.utilities import failures, hang
 from fabric_core.utilities.apply import apply_to_collection, convert_tensors_to_scalars, convert_to_tensors
 from fabric_core.utilities.attach import callback_complaint, hand_fabric_to
-from fabric_core.utilities.hang import report_progress, start_watchdog
 from fabric_core.utilities.parameters import (
     ParameterPlaces,
     Replacements,
@@ -55,6 +56,12 @@ if TYPE_CHECKING:
 
 def _do_nothing(*_: Any, **__: Any) -> None:
     pass
+
+
+def _library_packages() -> dict[str, str]:
+    """The installed plugins' packages, for the hang report (``fabric_library_packages``; asked when it starts)."""
+    answers = get_registry().plugin_manager.hook.fabric_library_packages()
+    return {package: role for answer in answers for package, role in (answer or {}).items()}
 
 
 def _shards_without_data_parallel_ranks(strategy: Strategy, module: Module) -> bool:
@@ -131,7 +138,7 @@ class Fabric:
         if connector.launched_by_cli():
             self._strategy.setup_environment()
             self._launched = True
-            start_watchdog(self.global_rank)  # FABRIC_HANG_TIMEOUT (utilities/hang.py)
+            start_watchdog(self.global_rank, _library_packages)  # FABRIC_HANG_TIMEOUT (runtime/hang.py)
 
     # ------------------------------------------------------------------------------------------------ properties
     @property
@@ -228,7 +235,7 @@ class Fabric:
         from fabric_core.utilities.data import capture_init_arguments
 
         self._strategy.setup_environment()
-        start_watchdog(self.global_rank)  # FABRIC_HANG_TIMEOUT (utilities/hang.py)
+        start_watchdog(self.global_rank, _library_packages)  # FABRIC_HANG_TIMEOUT (runtime/hang.py)
         try:
             with capture_init_arguments():
                 return to_run(*args, **kwargs)
@@ -266,12 +273,12 @@ class Fabric:
             raise errors[0]
 
     # ------------------------------------------------------------------------------------------------ setup
+    @counts_as_progress
     def setup(
         self, module: Module, *optimizers: Optimizer, scheduler: Any = None, move_to_device: bool = True, _reapply_compile: bool = True
     ) -> Any:
         """Set up a model and its optimizers; returns ``model`` or ``(model, *optimizers[, scheduler])``."""
         self._validate_launched()
-        report_progress()
         self._validate_setup(module, optimizers, "setup")
         module, compile_kwargs = self._unwrap_compiled(module, _reapply_compile)
         original = module
@@ -291,7 +298,6 @@ class Fabric:
         wrapped_opts = [FabricOptimizer(o, self._strategy, self._callbacks) for o in opts]
         self._models_setup += 1
         hand_fabric_to(original, self, self._callbacks, wrapped_opts)  # a LightningModule logs and hooks through us
-        report_progress()
         self.call("on_after_setup", fabric=self, module=wrapped)
         if not optimizers:
             return wrapped
@@ -299,10 +305,10 @@ class Fabric:
             return (wrapped, *wrapped_opts, scheduler)
         return (wrapped, *wrapped_opts)
 
+    @counts_as_progress
     def setup_module(self, module: Module, move_to_device: bool = True, _reapply_compile: bool = True) -> FabricModule:
         """Set up a model alone (then create its optimizer and call :meth:`setup_optimizers`)."""
         self._validate_launched()
-        report_progress()
         self._validate_setup(module, (), "setup_module")
         module, compile_kwargs = self._unwrap_compiled(module, _reapply_compile)
         original = module
@@ -316,9 +322,9 @@ class Fabric:
             forward_module = torch.compile(forward_module, **compile_kwargs)
         self._models_setup += 1
         hand_fabric_to(original, self, self._callbacks)  # the reference leaves `_fabric_optimizers` to setup()
-        report_progress()
         return FabricModule(forward_module, self._strategy, original_module=original)
 
+    @counts_as_progress
     def setup_optimizers(self, *optimizers: Optimizer) -> FabricOptimizer | tuple[FabricOptimizer, ...]:
         """Set up optimizers of an already set-up model; one in, one out, several in, a tuple out."""
         self._validate_launched()
@@ -334,11 +340,10 @@ class Fabric:
         _check_optimizers(optimizers, "fabric.setup_optimizers")
         self._rewire(optimizers, self._replaced)  # an optimizer created before `setup_module` replaced parameters
         self._check_meta_params(optimizers, joint=False)
-        report_progress()
         wrapped = tuple(FabricOptimizer(self._strategy.setup_optimizer(o), self._strategy, self._callbacks) for o in optimizers)
-        report_progress()
         return wrapped[0] if len(wrapped) == 1 else wrapped
 
+    @counts_as_progress
     def setup_dataloaders(
         self, *dataloaders: DataLoader, use_distributed_sampler: bool = True, move_to_device: bool = True
     ) -> DataLoader | list[DataLoader]:
@@ -351,19 +356,17 @@ class Fabric:
         if any(not isinstance(d, DataLoader) for d in dataloaders):
             raise TypeError("Only PyTorch DataLoader are currently supported in `setup_dataloaders`.")
         wrapped = [self._setup_dataloader(d, use_distributed_sampler, move_to_device) for d in dataloaders]
-        report_progress()
         return wrapped[0] if len(wrapped) == 1 else wrapped  # type: ignore[return-value]
 
     def _setup_dataloader(self, dataloader: DataLoader, use_distributed_sampler: bool, move_to_device: bool) -> Any:
-        from fabric_core.utilities import data
-        from fabric_core.utilities.seed import worker_init_function
+        from fabric_core.utilities import data, seed
 
         kwargs = self._strategy.distributed_sampler_kwargs
         if use_distributed_sampler and kwargs is not None:
             # Every rank reads the same seed without communicating (docs/decisions.md, "Data"): the shuffle of a
             # DistributedSampler and the order of a wrapped sampler are functions of (seed, epoch).
-            seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
-            sampler = data.distributed_sampler_for(dataloader, seed=seed, **kwargs)
+            global_seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+            sampler = data.distributed_sampler_for(dataloader, seed=global_seed, **kwargs)
             if sampler is not None:
                 dataloader = data.reinstantiate_dataloader(dataloader, sampler)
             elif (
@@ -384,7 +387,7 @@ class Fabric:
                     category=PossibleUserWarning,
                 )
         if os.environ.get("PL_SEED_WORKERS") == "1" and dataloader.worker_init_fn is None:
-            dataloader.worker_init_fn = partial(worker_init_function, rank=self.global_rank)
+            dataloader.worker_init_fn = partial(seed.worker_init_function, rank=self.global_rank)
         dataloader = self._strategy.process_dataloader(dataloader)
         device = self.device if move_to_device else None
         return FabricDataLoader(dataloader, device=device)
@@ -600,36 +603,29 @@ class Fabric:
             print(*args, **kwargs)
 
     # ------------------------------------------------------------------------------------------------ collectives
+    @counts_as_progress
     def barrier(self, name: str | None = None) -> None:
         self._validate_launched()
-        report_progress()
         self._strategy.barrier(name=name)
-        report_progress()
 
+    @counts_as_progress
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         self._validate_launched()
-        report_progress()
-        result = self._strategy.broadcast(obj, src=src)
-        report_progress()
-        return result
+        return self._strategy.broadcast(obj, src=src)
 
+    @counts_as_progress
     def all_gather(self, data: Any, group: Any | None = None, sync_grads: bool = False) -> Any:
         """Gather tensors (or a collection of them) from every process: each becomes ``(world_size, ...)``."""
         self._validate_launched()
         data = convert_to_tensors(data, device=self.device)
-        report_progress()
-        result = apply_to_collection(data, Tensor, self._strategy.all_gather, group=group, sync_grads=sync_grads)
-        report_progress()
-        return result
+        return apply_to_collection(data, Tensor, self._strategy.all_gather, group=group, sync_grads=sync_grads)
 
+    @counts_as_progress
     def all_reduce(self, data: Any, group: Any | None = None, reduce_op: str | Any = "mean") -> Any:
         """Reduce tensors (or a collection) across processes with ``"mean"`` (default), ``"sum"``, ``"max"``..."""
         self._validate_launched()
         data = convert_to_tensors(data, device=self.device)
-        report_progress()
-        result = apply_to_collection(data, Tensor, self._strategy.all_reduce, group=group, reduce_op=reduce_op)
-        report_progress()
-        return result
+        return apply_to_collection(data, Tensor, self._strategy.all_reduce, group=group, reduce_op=reduce_op)
 
     @contextmanager
     def rank_zero_first(self, local: bool = False) -> Generator[None, None, None]:
@@ -646,6 +642,7 @@ class Fabric:
         self._strategy.barrier("rank_zero_first:after")
 
     # ------------------------------------------------------------------------------------------------ checkpoints
+    @counts_as_progress
     def save(
         self,
         path: str | Path,
@@ -681,12 +678,9 @@ class Fabric:
             )
         # The checkpoint modules are imported by the calls that use them: `import fabric_core` and `Fabric(...)`
         # stay cheap for a script that never saves.
-        from fabric_core.io import background
-        from fabric_core.io.location import CheckpointLocation
-        from fabric_core.io.retention import prune, series_pattern
-        from fabric_core.io.state import check_filter
+        from fabric_core.io import CheckpointLocation, background, retention, series, state as walk
 
-        check_filter(filter, state)
+        walk.check_filter(filter, state)
 
         self._validate_launched()
         location = CheckpointLocation.of(path)  # decided once: a local path or a URL
@@ -694,9 +688,8 @@ class Fabric:
         if keep_last is not None:  # bad values fail before anything is written
             if not isinstance(keep_last, int) or isinstance(keep_last, bool) or keep_last < 1:
                 raise ValueError(f"`keep_last` must be a positive integer, got {keep_last!r}.")
-            series_pattern(location.name)
+            series.CheckpointSeries.of_member(location)
         background.raise_failures()  # an earlier save that failed in the background is reported now, not lost
-        report_progress()
         handle = None
         unwrapped = unwrap_objects(state, dataloaders=False)
         if async_save:
@@ -704,15 +697,15 @@ class Fabric:
         else:
             self._strategy.save_checkpoint(path=location, state=unwrapped, filter=filter)
         if keep_last is not None and self.is_global_zero:
-            background.submit(location, partial(prune, location, keep_last))  # after this save: work runs in order
+            background.submit(location, partial(retention.prune, location, keep_last))  # after this save: work runs in order
         self._strategy.barrier()  # from here on the checkpoint is at `location` for every rank
         if self._loggers:
             from fabric_core.loggers.base import notify_checkpoint_saved
 
             notify_checkpoint_saved(self._loggers, str(location))
-        report_progress()  # the save and its barrier count as progress for hang detection
         return handle if handle is not None else background.handle(location)
 
+    @counts_as_progress
     def load(
         self, path: str | Path, state: dict[str, Any] | None = None, strict: bool = True, *, weights_only: bool | None = None
     ) -> dict[str, Any]:
@@ -721,12 +714,10 @@ class Fabric:
         Loading is safe by default (only tensors and plain containers); pass ``weights_only=False`` for a trusted
         checkpoint that holds arbitrary Python objects.
         """
-        from fabric_core.io import background
-        from fabric_core.io.location import CheckpointLocation
-        from fabric_core.io.state import is_stateful
+        from fabric_core.io import CheckpointLocation, background
+        from fabric_core.io import state as walk
 
         self._validate_launched()
-        report_progress()
         location = CheckpointLocation.of(path)  # decided once: a local path or a URL
         location.check_reachable_by(self.world_size)
         background.wait(location)  # a save of this path still finishing here lands first
@@ -743,9 +734,8 @@ class Fabric:
         self._strategy.barrier()
         if state is not None and unwrapped is not None:
             for key, value in unwrapped.items():  # plain values were replaced in the unwrapped copy
-                if key in state and not isinstance(state[key], (Module, Optimizer, FabricOptimizer)) and not is_stateful(state[key]):
+                if key in state and not isinstance(state[key], (Module, Optimizer, FabricOptimizer)) and not walk.is_stateful(state[key]):
                     state[key] = value
-        report_progress()
         return remainder
 
     def latest_checkpoint(self, series: str | Path) -> str | None:
@@ -754,16 +744,16 @@ class Fabric:
         ``series`` is the checkpoints' name with ``*`` for the number (``"ckpts/step-*.ckpt"``, ``"s3://b/run/step-*"``)
         or the path of one of them, as ``keep_last`` understands series. Global rank 0 looks and tells the others,
         so every rank resumes from the same checkpoint even while a save or a prune changes the folder. Resume with
-        ``fabric.load(latest, state)``; see :mod:`fabric_core.utilities.resume` for the whole pattern.
+        ``fabric.load(latest, state)``; see :mod:`fabric_core.runtime.resume` for the whole pattern.
         """
-        from fabric_core.utilities.resume import _series, find_latest_checkpoint
+        from fabric_core.io.series import CheckpointSeries
 
-        _series(series)  # a series without a number is refused on every rank alike
+        checkpoints = CheckpointSeries.of(series)  # a series without a number is refused on every rank alike
         found: str | None = None
         error: str | None = None
         if self.is_global_zero:
             try:
-                location = find_latest_checkpoint(series)
+                location = checkpoints.latest()
                 found = None if location is None else str(location)
             except Exception as err:  # the other ranks must not wait for an answer that never comes
                 error = f"{type(err).__name__}: {err}"
@@ -776,8 +766,7 @@ class Fabric:
 
     def load_raw(self, path: str | Path, obj: Module | Optimizer, strict: bool = True, *, weights_only: bool | None = None) -> None:
         """Load a plain PyTorch checkpoint (a state dict) into a module or optimizer."""
-        from fabric_core.io import background
-        from fabric_core.io.location import CheckpointLocation
+        from fabric_core.io import CheckpointLocation, background
 
         location = CheckpointLocation.of(path)  # decided once: a local path or a URL
         background.wait(location)

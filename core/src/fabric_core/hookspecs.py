@@ -1,4 +1,4 @@
-"""Deprecated: moved to :mod:`fabric_core.plugins.hookspecs` (this shim is removed in fabric-core 0.3; see docs/decisions.md)."""
+"""Deprecated: moved to :mod:`fabric_core.plugins.hookspecs` (the shim's removal: see :mod:`fabric_core.utilities.deprecation`)."""
 
 from fabric_core.utilities.deprecation import moved_module
 

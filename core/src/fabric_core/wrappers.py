@@ -27,7 +27,7 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader, DistributedSampler
 
 from fabric_core.precision.base import Precision
-from fabric_core.utilities import hang
+from fabric_core.runtime import hang
 from fabric_core.utilities.apply import apply_to_collection, iterate_moved
 
 if TYPE_CHECKING:

@@ -19,7 +19,13 @@ MOVED = {
     "fabric_core.decisions": ("fabric_core.plugins.decisions", ["Decisions", "trace"]),
     "fabric_core.discovery": ("fabric_core.plugins.discovery", ["build_registry", "validate", "HEAVY_MODULES"]),
     "fabric_core.builtin": ("fabric_core.plugins.builtin", ["FIRST_PARTY", "fabric_register_strategies"]),
-    "fabric_core.launchers.failures": ("fabric_core.utilities.failures", ["record_uncaught_errors", "RankFailure", "report"]),
+    "fabric_core.launchers.failures": ("fabric_core.runtime.failures", ["record_uncaught_errors", "RankFailure", "report"]),
+    "fabric_core.utilities.hang": ("fabric_core.runtime.hang", ["report_progress", "start_watchdog", "HangError"]),
+    "fabric_core.utilities.failures": ("fabric_core.runtime.failures", ["record_uncaught_errors", "RankFailure", "report"]),
+    "fabric_core.utilities.process_group": ("fabric_core.runtime.process_group", ["release_at_exit", "release_process_group"]),
+    "fabric_core.utilities.progress": ("fabric_core.runtime.progress", ["ProgressBar"]),
+    "fabric_core.utilities.throughput": ("fabric_core.runtime.throughput", ["Throughput", "ThroughputMonitor", "measure_flops", "get_available_flops"]),
+    "fabric_core.utilities.resume": ("fabric_core.runtime.resume", ["RandomStates", "find_latest_checkpoint"]),
     "fabric_core.io.formats": ("fabric_core.io.format", ["CheckpointReader", "FindReader"]),
     "fabric_fsdp.formats": ("fabric_fsdp.layout", ["is_sharded_checkpoint", "sharded_location", "META_FILE"]),
     "fabric_deepspeed.formats": ("fabric_deepspeed.layout", ["is_deepspeed_checkpoint", "read_tag", "LATEST"]),
@@ -141,6 +147,6 @@ def test_a_plugin_written_against_the_old_paths_registers_decides_and_trains(plu
     assert "SIGKILL" in result["exit_description"], result["exit_description"]
     assert result["deprecations"] == [
         "`fabric_core.hookspecs` moved to `fabric_core.plugins.hookspecs`",
-        "`fabric_core.launchers.failures` moved to `fabric_core.utilities.failures`",
+        "`fabric_core.launchers.failures` moved to `fabric_core.runtime.failures`",
         "`fabric_core.registry` moved to `fabric_core.plugins.registry`",
     ], result["deprecations"]

@@ -141,6 +141,50 @@ def test_hook_fabric_report_packages(use_registry):
     assert "a-framework-not-installed-here" not in cli_env.related_packages()
 
 
+def _frame_in(folder: Path, package: str) -> Any:
+    """The innermost frame of a call from ``folder/user.py`` into a module of ``package`` (a folder under ``folder``)."""
+    inner = folder.joinpath(*package.split("."))
+    inner.mkdir(parents=True)
+    (inner / "wait.py").write_text("import sys\n\ndef wait():\n    return sys._getframe()\n")
+    (folder / "user.py").write_text("def step(wait):\n    return wait()  # the user's line\n")
+    namespace: dict[str, Any] = {}
+    for name in ("wait", "user"):
+        path = inner / "wait.py" if name == "wait" else folder / "user.py"
+        exec(compile(path.read_text(), str(path), "exec"), namespace)
+    return namespace["step"](namespace["wait"])
+
+
+def test_hook_fabric_library_packages(use_registry, monkeypatch, tmp_path):
+    """The hang report skips what installed plugins call library code, asked when hang detection starts; a
+    ``"collective"`` package means the rank waits for the others. Without the answer, the frame is the user's."""
+    from fabric_core.runtime import hang
+
+    monkeypatch.setattr(hang, "_LIBRARIES", set(hang._LIBRARIES))
+    monkeypatch.setattr(hang, "_WAITING_IN", set(hang._WAITING_IN))
+    frame = _frame_in(tmp_path, "a_framework.comm")
+    before, _, in_library = hang.describe_stack(frame, 0, 5.0, 1.0)
+    assert "it is running" in before and "a_framework" in before and not in_library, before
+
+    class Plugin:
+        @hookimpl
+        def fabric_library_packages(self):
+            return {"a_framework": "library", "a_framework.comm": "collective"}
+
+    use_registry(Plugin())
+    monkeypatch.setenv("FABRIC_HANG_TIMEOUT", "3600")
+    fabric = Fabric(accelerator="cpu", devices=1)
+    try:
+        fabric.launch(lambda _: None)  # the watchdog starts in the launched function's process and asks
+    finally:
+        hang.stop_watchdog()
+    message, _, in_library = hang.describe_stack(frame, 0, 5.0, 1.0)
+    assert in_library and "it is waiting in wait()" in message and "Another rank has probably stopped" in message
+    assert f"called at {tmp_path / 'user.py'}:2 in step(): return wait()  # the user's line" in message, message
+
+    with pytest.raises(ValueError, match=r"answered 'b_framework': 'waiting'; map an import package's name to"):
+        hang.add_library_packages({"b_framework": "waiting"})
+
+
 def test_hook_fabric_select_checkpoint_reader(use_registry, tmp_path):
     """A plugin-owned directory format is read through the hook, by a strategy that does not know it."""
     seen = []

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from jobs import fabric_command, free_port, job_env, run_job
 
-from fabric_core.utilities import hang
+from fabric_core.runtime import hang
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.skipif(sys.platform != "linux", reason="uses /proc")]
 

@@ -25,7 +25,7 @@ from torch.utils.data import TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from fabric_core import Fabric
-from fabric_core.utilities.resume import RandomStates
+from fabric_core.runtime.resume import RandomStates
 
 OUT, KILL_AT = Path(sys.argv[1]), int(sys.argv[2])
 TOTAL_STEPS = 20  # 80 samples, batches of 4 per rank, 2 ranks: 10 steps per epoch, 2 epochs

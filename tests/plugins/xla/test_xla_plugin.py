@@ -123,7 +123,7 @@ def test_detection_reads_the_environment_only(monkeypatch: pytest.MonkeyPatch):
     [("v4-8", 275e12), ("v5litepod-16", 197e12), ("v5p-128", 459e12), ("v6e-4", 918e12), ("v3-8", 61.5e12), ("v9-8", None)],
 )
 def test_peak_flops_per_device_of_each_tpu_generation(monkeypatch: pytest.MonkeyPatch, accelerator_type, flops):
-    from fabric_core.utilities.throughput import get_available_flops
+    from fabric_core.runtime.throughput import get_available_flops
 
     monkeypatch.delenv("ACCELERATOR_TYPE", raising=False)
     monkeypatch.setenv("TPU_ACCELERATOR_TYPE", accelerator_type)

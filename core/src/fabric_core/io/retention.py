@@ -1,7 +1,8 @@
 """Keeping the last K checkpoints of a numbered series (``step-100.ckpt``, ``step-200.ckpt``, ...).
 
-A series is the entries beside the newest checkpoint whose names match its name with every run of digits replaced
-by ``*`` (``step-*.ckpt``), ordered by those numbers. Pruning runs only after the new checkpoint is committed and
+The series is the newest checkpoint's :class:`~fabric_core.io.series.CheckpointSeries` (its name with every run of
+digits replaced by ``*``: ``step-*.ckpt``, ordered by those numbers), the same that ``fabric.latest_checkpoint``
+reads. Pruning runs only after the new checkpoint is committed and
 durable, on global rank 0, and removes the oldest first; each entry is renamed aside to a hidden name (atomic) before
 it is deleted, so a kill never leaves a half-deleted checkpoint under a real name, only a hidden leftover that the
 next prune removes. The newest entries are never touched, so at every moment at least the last K complete
@@ -10,29 +11,12 @@ checkpoints exist.
 
 from __future__ import annotations
 
-import fnmatch
 import os
-import re
 from typing import Any
 
-from fabric_core.io.commit import OLD_MARK, is_temporary, leftovers, new_temp_path, remove_path
+from fabric_core.io.commit import OLD_MARK, leftovers, new_temp_path, remove_path
 from fabric_core.io.location import CheckpointLocation
-
-_DIGITS = re.compile(r"\d+")
-
-
-def series_pattern(name: str) -> str:
-    """``step-000100.ckpt`` -> ``step-*.ckpt``; a name without digits has no series."""
-    if not _DIGITS.search(name):
-        raise ValueError(
-            f"`keep_last` keeps the newest checkpoints of a numbered series, but {name!r} has no number in it. Name"
-            " each checkpoint after its step or epoch, e.g. `fabric.save(f'ckpts/step-{step}.ckpt', ...)`."
-        )
-    return _DIGITS.sub("*", name)
-
-
-def _order(name: str) -> tuple[int, ...]:
-    return tuple(int(n) for n in _DIGITS.findall(name))
+from fabric_core.io.series import CheckpointSeries
 
 
 def prune(newest: Any, keep_last: int) -> list[str]:
@@ -40,19 +24,16 @@ def prune(newest: Any, keep_last: int) -> list[str]:
     if not isinstance(keep_last, int) or isinstance(keep_last, bool) or keep_last < 1:
         raise ValueError(f"`keep_last` must be a positive integer, got {keep_last!r}.")
     location = CheckpointLocation.of(newest)
+    series = CheckpointSeries.of_member(location)
     if location.is_url:
-        return _prune_remote(location, keep_last)
-    newest = location.path
-    pattern = series_pattern(newest.name)
-    folder = newest.parent
-    members = sorted(
-        (p for p in folder.iterdir() if fnmatch.fnmatchcase(p.name, pattern) and not is_temporary(p)),
-        key=lambda p: _order(p.name),
-    )
+        return _prune_remote(location, series, keep_last)
+    folder = location.path.parent
+    members = series.members()
     removed = []
-    for entry in members[: max(0, len(members) - keep_last)]:
-        if entry == newest:
+    for name in members[: max(0, len(members) - keep_last)]:
+        if name == location.name:
             continue
+        entry = folder / name
         aside = new_temp_path(entry, OLD_MARK)
         os.rename(entry, aside)  # gone from its name at once; deleting a big tree below may take a while
         remove_path(aside)
@@ -60,20 +41,23 @@ def prune(newest: Any, keep_last: int) -> list[str]:
     # Entries set aside by prunes that were killed before deleting them (their checkpoint's name is gone already).
     names = {p.name[1:].split(OLD_MARK, 1)[0] for p in folder.iterdir() if p.name.startswith(".") and OLD_MARK in p.name}
     for name in names:
-        if fnmatch.fnmatchcase(name, pattern):
+        if series.number(name) is not None:
             for leftover in leftovers(folder / name):
                 if OLD_MARK in leftover.name:
                     remove_path(leftover)
     return removed
 
 
-def _prune_remote(newest: CheckpointLocation, keep_last: int) -> list[str]:
-    pattern = series_pattern(newest.name)
-    folder = newest.parent
-    members = sorted((m for m in folder.listdir() if fnmatch.fnmatchcase(m, pattern) and not m.startswith(".")), key=_order)
+def _prune_remote(newest: CheckpointLocation, series: CheckpointSeries, keep_last: int) -> list[str]:
+    members = series.members()
     removed = []
     for member in members[: max(0, len(members) - keep_last)]:
         if member != newest.name:
-            folder.child(member).remove()
+            series.folder.child(member).remove()
             removed.append(member)
     return removed
+
+
+def series_pattern(name: str) -> str:
+    """``step-000100.ckpt`` -> ``step-*.ckpt``; a name without digits has no series (:meth:`CheckpointSeries.of_member`)."""
+    return CheckpointSeries.of_member(name).pattern

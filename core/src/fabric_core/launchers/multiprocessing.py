@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fabric_core.launchers.base import Launcher, start_method_hint
-from fabric_core.utilities import failures
-from fabric_core.utilities.process_group import abandon_at_exit, release_process_group
+from fabric_core.runtime import failures
+from fabric_core.runtime.process_group import abandon_at_exit, release_process_group
 from fabric_core.utilities.topology import export_rendezvous
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ The parent is responsible for the whole job, so nothing can hang or leak:
 * a watchdog thread polls the children; if one exits non-zero, the others are terminated (SIGTERM, then
   SIGKILL after a grace period) and the parent leaves at once with that exit code, after naming the rank that
   failed first and quoting its own error (each child records its uncaught exception in a file given by
-  ``FABRIC_ERROR_FILE``, see :mod:`fabric_core.utilities.failures`);
+  ``FABRIC_ERROR_FILE``, see :mod:`fabric_core.runtime.failures`);
 * an uncaught exception in the parent terminates the children right after its traceback is printed;
 * SIGINT and SIGTERM received by the parent are forwarded to every child;
 * at normal interpreter exit the parent waits for the children, so the job's exit status covers every rank;
@@ -42,8 +42,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fabric_core.launchers.base import Launcher, start_method_hint
-from fabric_core.utilities import failures, hang
-from fabric_core.utilities.process_group import release_process_group
+from fabric_core.runtime import failures, hang
+from fabric_core.runtime.process_group import release_process_group
 from fabric_core.utilities.topology import Topology, export_variables, threads_per_process
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ def _exit_code(returncode: int) -> int:
 
 
 def error_file(error_dir: str, local_rank: int) -> str:
-    """Where the child of ``local_rank`` writes its uncaught exception (see :mod:`fabric_core.utilities.failures`)."""
+    """Where the child of ``local_rank`` writes its uncaught exception (see :mod:`fabric_core.runtime.failures`)."""
     return os.path.join(error_dir, f"local-rank-{local_rank}.json")
 
 

@@ -371,6 +371,10 @@ def _run_registration_hooks(registry: Registry, plugins: list[tuple[Any, PluginI
 
 
 def _core_version() -> str | None:
-    from fabric_core import __version__
+    """fabric-core's version, as ``fabric_core.__version__`` reads it (without importing the package face above)."""
+    from importlib.metadata import PackageNotFoundError, distribution
 
-    return __version__
+    try:
+        return name_and_version(distribution(CORE_DISTRIBUTION))[1]
+    except PackageNotFoundError:  # a source tree on sys.path that is not installed
+        return "0+unknown"

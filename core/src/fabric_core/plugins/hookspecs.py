@@ -231,6 +231,20 @@ def fabric_report_packages() -> list[str]:
     """
 
 
+@hookspec
+def fabric_library_packages() -> dict[str, str]:
+    """Return the import packages whose frames the hang report reads as library code, each mapped to ``"library"``
+    or ``"collective"``: your own package and the frameworks you drive.
+
+    A rank that makes no progress for ``FABRIC_HANG_TIMEOUT`` seconds is reported with the line of the *user's* code
+    it is at, so frames of these packages are skipped when naming it; a rank whose innermost frame is in a
+    ``"collective"`` (sub)package (``"deepspeed.comm"``) is waiting for the other ranks, and is reported as such.
+    Asked only when hang detection starts. fabric-deepspeed answers ``{"fabric_deepspeed": "library", "deepspeed":
+    "library", "deepspeed.comm": "collective"}``. The core, torch and the standard library need no answer; packages
+    installed in ``site-packages`` are library code anyway. Every plugin's answer is collected.
+    """
+
+
 #: Every hook name declared above.
 HOOK_NAMES: tuple[str, ...] = tuple(
     name for name, obj in list(globals().items()) if hasattr(obj, f"{PROJECT_NAME}_spec")

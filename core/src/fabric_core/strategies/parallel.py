@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any, TypedDict
 import torch
 from torch import Tensor
 
+from fabric_core.runtime.process_group import release_at_exit
 from fabric_core.strategies.collectives import Collectives, check_broadcast_src
 from fabric_core.strategies.layout import ProcessPerDevice
 from fabric_core.utilities import rank_zero
 from fabric_core.utilities.object_collectives import all_gather_object, broadcast_object
-from fabric_core.utilities.process_group import release_at_exit
 from fabric_core.utilities.topology import export_rendezvous, threads_per_process
 
 if TYPE_CHECKING:

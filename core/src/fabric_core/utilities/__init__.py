@@ -1,7 +1,9 @@
 """Small helpers shared by the facade and by plugins (no heavy imports here).
 
 The names the well-known Fabric exports from its ``utilities`` package are importable from here too, each loaded on
-first access (so ``import fabric_core.utilities.<module>`` stays as cheap as the module itself).
+first access (so ``import fabric_core.utilities.<module>`` stays as cheap as the module itself). ``Throughput``,
+``ThroughputMonitor`` and ``measure_flops`` are :mod:`fabric_core.runtime.throughput`'s, handed on by name only:
+``utilities`` is the ground floor and imports nothing above it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ if TYPE_CHECKING:
     from fabric_core.utilities.apply import move_data_to_device
     from fabric_core.utilities.rank_zero import rank_zero_info, rank_zero_only, rank_zero_warn
     from fabric_core.utilities.seed import seed_everything
-    from fabric_core.utilities.throughput import Throughput, ThroughputMonitor, measure_flops
     from fabric_core.utilities.warnings import disable_possible_user_warnings
 
 __all__ = [
@@ -33,9 +34,9 @@ __getattr__, __dir__ = lazy_exports(
     __name__,
     "fabric-core",
     {
-        "Throughput": "fabric_core.utilities.throughput",
-        "ThroughputMonitor": "fabric_core.utilities.throughput",
-        "measure_flops": "fabric_core.utilities.throughput",
+        "Throughput": "fabric_core.runtime.throughput",
+        "ThroughputMonitor": "fabric_core.runtime.throughput",
+        "measure_flops": "fabric_core.runtime.throughput",
         "move_data_to_device": "fabric_core.utilities.apply",
         "rank_zero_info": "fabric_core.utilities.rank_zero",
         "rank_zero_only": "fabric_core.utilities.rank_zero",

@@ -11,10 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from fabric_core.environments.base import ClusterEnvironment
+from typing import Protocol
 
 #: The variables a started process of a job finds (what torchrun exports, plus ``NODE_RANK``).
 RANK_VARIABLES = ("LOCAL_RANK", "NODE_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
@@ -29,7 +26,17 @@ def export_variables(values: Mapping[str, str]) -> dict[str, str | None]:
     return previous
 
 
-def export_rendezvous(env: ClusterEnvironment) -> dict[str, str | None]:
+class _Rendezvous(Protocol):
+    """What :func:`export_rendezvous` asks of a :class:`~fabric_core.environments.ClusterEnvironment` (which stands
+    above ``utilities``)."""
+
+    @property
+    def main_address(self) -> str: ...
+    @property
+    def main_port(self) -> int: ...
+
+
+def export_rendezvous(env: _Rendezvous) -> dict[str, str | None]:
     """Export ``MASTER_ADDR``/``MASTER_PORT`` as ``env`` decides them (asked once, so every process started from
     here agrees on a port the environment picks freely); returns the previous values."""
     return export_variables({"MASTER_ADDR": env.main_address, "MASTER_PORT": str(env.main_port)})

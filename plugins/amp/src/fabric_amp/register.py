@@ -39,3 +39,9 @@ def fabric_register_precisions(registrar: Registrar) -> None:
         aliases={"bf16": _legacy_warning("bf16", "bf16-mixed")},
         precision="bf16-mixed",
     )
+
+
+@hookimpl
+def fabric_library_packages() -> dict[str, str]:
+    """Frames the hang report reads as library code, not the user's line."""
+    return {"fabric_amp": "library"}

@@ -78,3 +78,9 @@ def fabric_auto_strategy(
     if num_devices > 1:
         return "ddp_fork" if interactive else "ddp"
     return None
+
+
+@hookimpl
+def fabric_library_packages() -> dict[str, str]:
+    """Frames the hang report reads as library code, not the user's line."""
+    return {"fabric_ddp": "library"}

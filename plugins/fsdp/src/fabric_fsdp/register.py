@@ -52,3 +52,9 @@ def fabric_register_checkpoint_formats(registrar: Registrar) -> None:
         description="a folder of DCP shards and meta.pt, written by every rank; loads on any number of ranks",
         recognised_by="fabric_fsdp.layout:is_sharded_checkpoint",
     )
+
+
+@hookimpl
+def fabric_library_packages() -> dict[str, str]:
+    """Frames the hang report reads as library code, not the user's line."""
+    return {"fabric_fsdp": "library"}

@@ -19,3 +19,9 @@ def fabric_register_loggers(registrar: Registrar) -> None:
 def fabric_report_packages() -> list[str]:
     """What ``fabric env`` reports for this plugin, installed or not."""
     return ["wandb"]
+
+
+@hookimpl
+def fabric_library_packages() -> dict[str, str]:
+    """Frames the hang report reads as library code, not the user's line."""
+    return {"fabric_wandb": "library", "wandb": "library"}

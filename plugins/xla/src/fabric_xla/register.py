@@ -114,3 +114,9 @@ def fabric_select_precision(registry: Registry, precision: str, strategy: Strate
 def fabric_report_packages() -> list[str]:
     """What ``fabric env`` reports for this plugin, installed or not."""
     return ["torch-xla"]
+
+
+@hookimpl
+def fabric_library_packages() -> dict[str, str]:
+    """Frames the hang report reads as library code, not the user's line."""
+    return {"fabric_xla": "library", "torch_xla": "library"}

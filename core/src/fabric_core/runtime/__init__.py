@@ -1,0 +1,12 @@
+"""What runs beside a training run once its processes are started (the run's own machinery, not its model or data).
+
+* :mod:`~fabric_core.runtime.hang`: hang detection (``FABRIC_HANG_TIMEOUT``) and the progress it watches;
+* :mod:`~fabric_core.runtime.failures`: a failed rank's error carried to the end of the job's output;
+* :mod:`~fabric_core.runtime.process_group`: ending a process that used ``torch.distributed`` cleanly;
+* :mod:`~fabric_core.runtime.progress`: a progress bar that only global rank 0 shows;
+* :mod:`~fabric_core.runtime.throughput`: throughput and model FLOPs utilisation;
+* :mod:`~fabric_core.runtime.resume`: resuming a run (every rank's random generators, the newest checkpoint).
+
+It stands beside :mod:`fabric_core.io` and imports only that and :mod:`fabric_core.utilities`, so strategies,
+launchers and the wrappers below the facade can use it. Modules are imported where used (nothing here).
+"""
