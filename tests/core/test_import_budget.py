@@ -15,7 +15,7 @@ from importlib.metadata import entry_points
 
 import pytest
 
-from fabric_core.plugins.discovery import _group_entry_points
+from fabric_core.plugins.entry_points import group_entry_points as _group_entry_points
 from fabric_core.plugins.registry import ENTRY_POINT_GROUP
 
 #: Imported only by a save, a load or a logger that is used: none of them by constructing a Fabric.
@@ -95,7 +95,7 @@ def test_entry_point_scan_after_the_importlib_metadata_backport_is_imported():
         import json
         import importlib_metadata  # noqa: F401 (its import patches the finders)
         from importlib.metadata import entry_points
-        from fabric_core.plugins.discovery import _group_entry_points
+        from fabric_core.plugins.entry_points import group_entry_points as _group_entry_points
 
         key = lambda ep: [ep.name, ep.value]
         print(json.dumps([sorted(map(key, entry_points(group="fabric.plugins"))), sorted(map(key, _group_entry_points()))]))

@@ -7,6 +7,7 @@ Modules, each importing only those listed above it (imports flow one way, top to
     registry    the data: names per kind, who provides them, hints about missing distributions, failures
     decisions   asks the decision hooks of one registry: precedence, failure isolation, tracing
     builtin     the core's own plugin: built-in names, first-party reservations, default decisions
+    entry_points  the ``fabric.plugins`` entry points of installed distributions, in load order (metadata only)
     discovery   builds a registry: the core's plugin, entry points in load order, switches, validation
     host        the process-wide registry (``get_registry``) every ``Fabric`` of a process uses
 

@@ -73,8 +73,3 @@ def rank_zero_warn(message: str, category: type[Warning] = UserWarning, stacklev
 def rank_zero_info(message: str) -> None:
     if _RankHolder.rank == 0:
         log.info(message)
-
-
-def rank_zero_debug(message: str) -> None:
-    if _RankHolder.rank == 0:
-        log.debug(message)
