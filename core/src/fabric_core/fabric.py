@@ -678,7 +678,8 @@ class Fabric:
             )
         # The checkpoint modules are imported by the calls that use them: `import fabric_core` and `Fabric(...)`
         # stay cheap for a script that never saves.
-        from fabric_core.io import CheckpointLocation, background, retention, series, state as walk
+        from fabric_core.io import CheckpointLocation, background, retention, series
+        from fabric_core.io import state as walk
 
         walk.check_filter(filter, state)
 
