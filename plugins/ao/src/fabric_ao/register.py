@@ -39,3 +39,9 @@ def fabric_register_precisions(registrar: Registrar) -> None:
         description="NVIDIA Transformer Engine float8, float16 weights (needs transformer_engine and CUDA)",
         weights_dtype="float16",
     )
+
+
+@hookimpl
+def fabric_library_packages() -> dict[str, str]:
+    """Frames the hang report reads as library code, not the user's line."""
+    return {"fabric_ao": "library", "torchao": "library", "transformer_engine": "library"}

@@ -28,3 +28,9 @@ _MODES = {
 def fabric_register_precisions(registrar: Registrar) -> None:
     for mode, description in _MODES.items():
         registrar.add(f"bnb-{mode}", _PRECISION, description=description, aliases={f"bnb.{mode}": None}, mode=mode)
+
+
+@hookimpl
+def fabric_library_packages() -> dict[str, str]:
+    """Frames the hang report reads as library code, not the user's line."""
+    return {"fabric_bnb": "library", "bitsandbytes": "library"}

@@ -23,3 +23,9 @@ def fabric_register_strategies(registrar: Registrar) -> None:
         _STRATEGY,
         description="fault-tolerant data parallel over replica groups (torchft): training goes on when a group dies",
     )
+
+
+@hookimpl
+def fabric_library_packages() -> dict[str, str]:
+    """Frames the hang report reads as library code, not the user's line."""
+    return {"fabric_ft": "library", "torchft": "library"}
