@@ -733,8 +733,3 @@ class Strategy(ABC):
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={self.root_device})"
 
-
-def iter_params(optimizers: Iterable[Optimizer]) -> Iterable[Tensor]:
-    for optimizer in optimizers:
-        for group in optimizer.param_groups:
-            yield from group["params"]
