@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # core first, then every plugin distribution (each has its own pyproject.toml); new plugins join this list.
-DISTS := core plugins/ddp plugins/amp plugins/fsdp plugins/deepspeed plugins/xla plugins/wandb plugins/mlflow plugins/bnb plugins/ao plugins/ft
+DISTS := core plugins/ddp plugins/amp plugins/fsdp plugins/deepspeed plugins/xla plugins/wandb plugins/mlflow plugins/bnb plugins/ao plugins/ft plugins/ray
 STAMP := $(VENV)/.installed
 PYTEST_WORKERS ?= 2
 # Test-only packages installed without their dependencies, so pip cannot replace the pinned torch: torchdata
@@ -20,7 +20,8 @@ LIGHTNING_SITE_PACKAGES := lightning==2.6.6 lightning-utilities==0.15.3 torchmet
 # CUDA torch. plugins/wandb and plugins/mlflow bring wandb and the MLflow client (the full `mlflow`, for the tests'
 # tracking server, comes from requirements-dev.txt); neither depends on torch. plugins/bnb brings bitsandbytes==0.50.2
 # (it asks for torch>=2.4,<3, numpy, packaging) and plugins/ao torchao==0.18.0 (no dependencies): neither replaces
-# torch. The check after the install fails the setup if anything brought CUDA packages or replaced torch.
+# torch. plugins/ray brings ray[train]==2.60.0 (pinned in its pyproject.toml; ray does not depend on torch). The
+# check after the install fails the setup if anything brought CUDA packages or replaced torch.
 CHECK_TORCH := import importlib.metadata as m, re, torch; \
 	pin = re.search(r'^torch==(\S+)', open('requirements-dev.txt').read(), re.M).group(1); \
 	cuda = sorted(d.metadata['Name'] for d in m.distributions() if d.metadata['Name'].lower().startswith(('nvidia-', 'triton'))); \

@@ -1,0 +1,170 @@
+"""The bridge from Fabric to Ray Train's services: metrics to ``ray.train.report``, checkpoints to Ray's storage.
+
+``Fabric(loggers="ray")`` inside a Ray Train worker:
+
+* ``fabric.log``/``fabric.log_dict`` report the metrics to Ray (``ray.train.report(metrics)``) on every rank, as
+  Ray Train expects every worker to report the same number of times; Ray keeps rank 0's.
+* ``fabric.save(path, state)`` reports the saved checkpoint as a ``ray.train.Checkpoint`` (with the metrics logged
+  last): Ray copies it into its ``RunConfig(storage_path=...)`` under the checkpoint's own name, so
+  ``Result.checkpoint`` and ``Result.metrics`` hold it, and ``CheckpointConfig(num_to_keep=...)`` prunes it there.
+* On a restart (``FailureConfig(max_failures=K)``), creating the logger puts Ray's latest checkpoint back at the
+  path ``fabric.save`` wrote it to, when that path is missing on this node (a worker restarted on another machine,
+  a fresh disk): the script's own ``fabric.latest_checkpoint(series)``/``fabric.load(...)`` then find it, unchanged.
+
+This module imports ``ray``: it is imported only when the name ``"ray"`` is used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from argparse import Namespace
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import ray.train
+
+from fabric_core.loggers.base import Logger, add_prefix
+from fabric_core.utilities.rank_zero import get_rank, rank_zero_warn
+
+#: The file beside a checkpoint in Ray's storage that says where ``fabric.save`` wrote it.
+METADATA = "fabric_checkpoint.json"
+
+
+def _scalar(value: Any) -> Any:
+    if hasattr(value, "item") and getattr(value, "ndim", 0) == 0 and type(value).__module__ in ("torch", "numpy"):
+        return value.item()
+    return value
+
+
+def _in_ray_train() -> bool:
+    try:
+        ray.train.get_context().get_world_size()
+    except Exception:
+        return False
+    return True
+
+
+class RayTrainLogger(Logger):
+    """Report Fabric's metrics and checkpoints to Ray Train (see the module's description).
+
+    Args:
+        prefix: put in front of every metric key, joined with ``"/"``.
+        report_checkpoints: report every local checkpoint ``fabric.save`` writes to Ray (default ``True``).
+        restore: on a restart, put Ray's latest checkpoint back where ``fabric.save`` wrote it, when it is missing
+            there (default ``True``).
+    """
+
+    def __init__(self, prefix: str = "", report_checkpoints: bool = True, restore: bool = True) -> None:
+        super().__init__()
+        if not _in_ray_train():
+            raise RuntimeError(
+                "`Fabric(loggers=\"ray\")` reports to Ray Train, but this process is not a Ray Train worker. Build"
+                " Fabric inside the `train_loop_per_worker` function that `ray.train.torch.TorchTrainer` runs, or"
+                " choose another logger here."
+            )
+        self._prefix = prefix
+        self._report_checkpoints = report_checkpoints
+        self._metrics: dict[str, Any] = {}
+        self.restored: str | None = None
+        """The path Ray's latest checkpoint was put back at when this logger was created (``None``: nothing to do)."""
+        if restore:
+            self.restored = restore_latest_checkpoint()
+
+    @property
+    def name(self) -> str | None:
+        return str(ray.train.get_context().get_experiment_name())
+
+    @property
+    def version(self) -> str | None:
+        return None
+
+    def log_hyperparams(self, params: dict[str, Any] | Namespace | None, *args: Any, **kwargs: Any) -> None:
+        """Ray Train keeps a run's configuration in ``train_loop_config``; nothing is sent."""
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        values = {key: _scalar(value) for key, value in add_prefix(metrics, self._prefix, "/").items()}
+        if step is not None:
+            values["step"] = step
+        self._metrics.update(values)
+        ray.train.report(values)
+
+    def checkpoint_saved(self, path: str) -> None:
+        if not self._report_checkpoints:
+            return
+        from fabric_core.io import background
+        from fabric_core.io.location import CheckpointLocation
+
+        location = CheckpointLocation.of(path)
+        if location.is_url:
+            rank_zero_warn(
+                f"The checkpoint {path!r} is at a URL; fabric-ray reports local checkpoints to Ray only. Save to a"
+                " local path (Ray copies it into `RunConfig(storage_path=...)`, which may itself be a URL)."
+            )
+            return
+        background.wait(location)  # an asynchronous save is complete before Ray copies it
+        source = Path(path).absolute()
+        # Every worker reports (Ray Train counts reports per worker); rank 0, which has the whole checkpoint (a
+        # sharded one is in a folder every rank can reach), attaches it.
+        with tempfile.TemporaryDirectory(prefix="fabric-ray-") as staging:
+            checkpoint = None
+            if get_rank() == 0:
+                _link_or_copy(source, Path(staging) / source.name)
+                (Path(staging) / METADATA).write_text(json.dumps({"path": str(source), "name": source.name}))
+                checkpoint = ray.train.Checkpoint.from_directory(staging)
+            ray.train.report(dict(self._metrics), checkpoint=checkpoint, checkpoint_dir_name=source.name)
+
+    def finalize(self, status: str) -> None:
+        pass  # Ray ends the run when the training function returns
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """Hard links where the file system allows (no bytes copied twice), copies elsewhere."""
+    if source.is_dir():
+        shutil.copytree(source, target, copy_function=_link_file)
+    else:
+        _link_file(str(source), str(target))
+
+
+def _link_file(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def restore_latest_checkpoint() -> str | None:
+    """Put Ray's latest checkpoint of this run back at the path ``fabric.save`` wrote it to, if it is missing there.
+
+    Returns that path, or ``None`` when Ray has no checkpoint (a first run), the checkpoint was not written by
+    fabric-ray, or the path exists already (the restarted worker is on the same machine). Safe on every rank at
+    once: each copies into a hidden folder beside the target and renames it into place; the first wins.
+    """
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        return None
+    with checkpoint.as_directory() as folder:
+        metadata = Path(folder) / METADATA
+        if not metadata.is_file():
+            return None
+        saved = json.loads(metadata.read_text())
+        target = Path(saved["path"])
+        if target.exists():
+            return None
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = target.parent / f".{target.name}.ray-restore-{os.getpid()}"
+        source = Path(folder) / saved["name"]
+        if source.is_dir():
+            shutil.copytree(source, staging)
+        else:
+            shutil.copy2(source, staging)
+        try:
+            os.rename(staging, target)  # atomic; for a folder it fails when another rank's copy won
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True) if staging.is_dir() else staging.unlink(missing_ok=True)
+            if not target.exists():
+                raise
+    return str(target)

@@ -1,0 +1,129 @@
+"""A real two-node Ray cluster on loopback, one per test module, that leaves no Ray process behind.
+
+Both nodes are ``ray start ... --block`` processes started as jobs of their own (``tests/jobs.py``), on loopback,
+with 2 CPUs and a 100 MB object store each (the machine is shared), usage stats off and a short ``RAY_TMPDIR`` of
+their own (Unix socket paths have a length limit). The second node joins only with ``RAY_AUTH_MODE=disabled`` on this
+Ray (measured). Teardown ends both with SIGTERM (``--block`` then stops what it started), kills by pid whatever
+still runs with the cluster's temporary folder in its command line (Ray's daemons and workers), and fails the
+module's last test if anything had to be killed or survived. Never ``ray stop``: it ends every Ray process on the
+machine, other people's included.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.jobs import free_port, job_env, kill_session, session_processes, start_job, wait_until
+
+RAY = Path(sys.executable).parent / "ray"
+NODE_CPUS = 2
+OBJECT_STORE_BYTES = 100 * 1024 * 1024
+START_TIMEOUT = 90.0
+
+@dataclass
+class RayCluster:
+    address: str
+    tmpdir: Path
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """A job's environment that reaches this cluster (and only it)."""
+        return job_env(
+            RAY_ADDRESS=self.address,
+            RAY_TMPDIR=str(self.tmpdir),
+            RAY_USAGE_STATS_ENABLED="0",
+            RAY_AUTH_MODE="disabled",
+            TEST_RAY_NODE_IP=HEAD_IP,  # the driver joins through the head node
+            OMP_NUM_THREADS="1",
+            PYTHONWARNINGS="ignore",
+            **extra,
+        )
+
+def cluster_processes(tmpdir: Path) -> list[int]:
+    """Live processes whose command line names the cluster's temporary folder (Ray's daemons and workers)."""
+    marker = str(tmpdir).encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if marker in cmdline and state not in ("Z", "X"):
+            found.append(int(entry))
+    return found
+
+#: The nodes' addresses, on loopback. Two, because Ray Train numbers nodes by their IP (one IP = one node for node
+#: and local ranks); and not 127.0.0.1, which ``ray start`` replaces by the machine's outward address.
+HEAD_IP, SECOND_IP = "127.0.0.2", "127.0.0.3"
+
+
+def _node(tmpdir: Path, log: Path, ip: str, *args: str):
+    command = [
+        str(RAY), "start", "--node-ip-address", ip, "--num-cpus", str(NODE_CPUS), "--num-gpus", "0",
+        "--object-store-memory", str(OBJECT_STORE_BYTES), "--disable-usage-stats", "--block", *args,
+    ]  # fmt: skip
+    env = job_env(RAY_TMPDIR=str(tmpdir), RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled", OMP_NUM_THREADS="1")
+    return start_job(command, log, env)
+
+def _alive_nodes(cluster: RayCluster) -> int:
+    code = f"import ray; ray.init(logging_level='ERROR', _node_ip_address={HEAD_IP!r}); print('NODES', sum(n['Alive'] for n in ray.nodes()))"
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=cluster.env(), capture_output=True, text=True, timeout=60
+        ).stdout
+    except subprocess.TimeoutExpired:
+        return 0
+    for line in out.splitlines():
+        if line.startswith("NODES "):
+            return int(line.split()[1])
+    return 0
+
+@pytest.fixture(scope="module")
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
+    logs = tmp_path_factory.mktemp("ray-cluster")
+    tmpdir = Path(tempfile.mkdtemp(prefix="fr", dir="/tmp"))  # short: Ray's socket paths live below it
+    port = free_port()
+    cluster = RayCluster(f"{HEAD_IP}:{port}", tmpdir)
+    head = _node(tmpdir, logs / "head.log", HEAD_IP, "--head", "--port", str(port), "--include-dashboard", "false")
+    worker = None
+    try:
+        assert wait_until(lambda: (tmpdir / "ray" / "session_latest").exists(), START_TIMEOUT, 0.5), head.output()[-3000:]
+        worker = _node(tmpdir, logs / "node2.log", SECOND_IP, "--address", cluster.address)
+        deadline = time.monotonic() + START_TIMEOUT
+        while _alive_nodes(cluster) < 2:
+            assert time.monotonic() < deadline, f"the second node did not join:\n{worker.output()[-3000:]}"
+            assert head.process.poll() is None and worker.process.poll() is None, worker.output()[-3000:]
+            time.sleep(1)
+        yield cluster
+    finally:
+        for job in (worker, head):
+            if job is not None and job.process.poll() is None:
+                os.killpg(job.pid, signal.SIGTERM)
+        for job in (worker, head):
+            if job is not None:
+                try:
+                    job.process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    kill_session(job.pid)
+        wait_until(lambda: not cluster_processes(tmpdir), 20, 0.5)
+        left = cluster_processes(tmpdir) + [p for j in (worker, head) if j is not None for p in session_processes(j.pid)]
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(tmpdir, ignore_errors=True)
+        assert not left, f"Ray processes left behind by the test cluster (killed now): {sorted(set(left))}"

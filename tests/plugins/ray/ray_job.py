@@ -1,0 +1,186 @@
+"""A Ray driver the tests run as a job: Fabric training loops inside ``TorchTrainer`` on the cluster at RAY_ADDRESS.
+
+``python ray_job.py SCENARIO OUT [ARGS ...]``; every worker writes what it saw to ``OUT`` as JSON, the driver
+prints one ``RESULT {...}`` line per fit. Scenarios:
+
+* ``ranks STRATEGY:LAYOUT...``: 2 workers, one per node (``spread``: ``STRICT_SPREAD``, ``Fabric(devices=1,
+  num_nodes=2)``) or both on one node (``pack``: ``PACK``, ``Fabric(devices=2)``); a few steps, then each worker records
+  Ray's and Fabric's ranks, whether Fabric used Ray's process group, and a checksum of its weights.
+* ``mismatch``: ``Fabric(devices=4)`` under ``ScalingConfig(num_workers=2)``.
+* ``resume NAME``: 30 steps with ``loggers="ray"``, a checkpoint every 5 steps, ``FailureConfig(max_failures=1)``;
+  rank 1 writes its pid and step to ``OUT/progress`` (the test may SIGKILL it). A restarted worker first empties
+  its node's checkpoint folder, as on a fresh machine, so it can only resume from Ray's storage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import ray
+import torch
+from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+
+def _batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(4, 8, generator=generator)
+    return x, x.sum(dim=1, keepdim=True)
+
+
+def ranks_loop(config: dict) -> None:
+    import torch.distributed as dist
+
+    from fabric_core import Fabric
+
+    ray_group = dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
+    context = ray.train.get_context()
+    fabric = Fabric(accelerator="cpu", strategy=config["strategy"], devices=config["devices"], num_nodes=config["num_nodes"])
+    fabric.launch()  # starts nothing under Ray Train
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = fabric.setup(model, optimizer)
+    for step in range(3):
+        x, y = _batch(step, fabric.global_rank)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        fabric.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+    checksum = _checksum(model, fabric.world_size)
+    record = {
+        "environment": type(fabric._strategy.cluster_environment).__name__,
+        "launcher": type(fabric._strategy.launcher).__name__ if fabric._strategy.launcher is not None else None,
+        "fabric": [fabric.global_rank, fabric.local_rank, fabric.node_rank, fabric.world_size],
+        "ray": [context.get_world_rank(), context.get_local_rank(), context.get_node_rank(), context.get_world_size()],
+        "ray_made_group": ray_group is not None,
+        "same_group": ray_group is dist.distributed_c10d._get_default_group(),
+        "backend": dist.get_backend(),
+        "children": len(_children()),
+        "checksum": checksum,
+        "pid": os.getpid(),
+    }
+    fabric.teardown()
+    record["group_alive_after_teardown"] = dist.is_initialized()
+    out = Path(config["out"]) / f"{config['name']}-rank{fabric.global_rank}.json"
+    out.write_text(json.dumps(record))
+
+
+def _checksum(model: torch.nn.Module, world_size: int) -> float:
+    """The sum of every weight of the whole model, the same for every strategy: FSDP2's shards (DTensors) are summed
+    over the ranks; a replicated weight (DDP) counts once."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    total = torch.zeros((), dtype=torch.float64)
+    for p in model.parameters():
+        if isinstance(p, DTensor):
+            total += p.to_local().detach().double().sum()
+        else:
+            total += p.detach().double().sum() / world_size
+    dist.all_reduce(total)
+    return float(total)
+
+
+def _children() -> list[int]:
+    """Live child processes of this worker (``fabric.launch()`` must not start any)."""
+    try:
+        text = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+def mismatch_loop(config: dict) -> None:
+    from fabric_core import Fabric
+
+    Fabric(accelerator="cpu", strategy="ddp", devices=4, num_nodes=1)
+
+
+def resume_loop(config: dict) -> None:
+    import torch.distributed as dist
+
+    from fabric_core import Fabric
+
+    ckpts = Path(config["ckpts"])
+    restarted = ray.train.get_checkpoint() is not None
+    if restarted and ray.train.get_context().get_local_rank() == 0:
+        shutil.rmtree(ckpts, ignore_errors=True)  # a restarted worker on a fresh machine: nothing local survives
+    dist.barrier()  # Ray's group, made before this function
+    fabric = Fabric(accelerator="cpu", strategy="ddp", devices=2, loggers="ray")
+    fabric.launch()
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    model, optimizer = fabric.setup(model, optimizer)
+    state = {"model": model, "optimizer": optimizer, "step": 0}
+    latest = fabric.latest_checkpoint(str(ckpts / "step-*.ckpt"))
+    if latest is not None:
+        fabric.load(latest, state)
+        fabric.print(f"RESUMED {Path(latest).name} step {state['step']} restored={fabric.logger.restored}")
+    while state["step"] < 30:
+        x, y = _batch(state["step"], fabric.global_rank)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        fabric.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        state["step"] += 1
+        fabric.log_dict({"loss": loss.item()}, step=state["step"])
+        if state["step"] % 5 == 0:
+            fabric.save(ckpts / f"step-{state['step']:04d}.ckpt", state)
+        if fabric.global_rank == 1 and not restarted:
+            (Path(config["out"]) / "progress").write_text(f"{os.getpid()} {state['step']}")
+            time.sleep(0.3)  # room for the test's SIGKILL mid-run
+    if fabric.global_rank == 0:
+        torch.save({k: v.detach().clone() for k, v in model.module.state_dict().items()}, config["weights"])
+
+
+def fit(loop, config: dict, scaling: ScalingConfig, run: RunConfig | None = None) -> object:
+    trainer = TorchTrainer(loop, train_loop_config=config, scaling_config=scaling, run_config=run or RunConfig(storage_path=config["out"], name=config["name"]))
+    return trainer.fit()
+
+
+def main() -> int:
+    scenario, out, *args = sys.argv[1:]
+    out = str(Path(out).absolute())
+    ray.init(logging_level="ERROR", _node_ip_address=os.environ.get("TEST_RAY_NODE_IP"))
+    if scenario == "ranks":
+        layouts = {"spread": (1, 2, "STRICT_SPREAD"), "pack": (2, 1, "PACK")}
+        for run in args:
+            strategy, layout = run.split(":")
+            devices, nodes, placement = layouts[layout]
+            config = {"strategy": strategy, "devices": devices, "num_nodes": nodes, "out": out, "name": f"{strategy}-{layout}"}
+            fit(ranks_loop, config, ScalingConfig(num_workers=2, placement_strategy=placement))
+            print("RESULT", json.dumps({"name": config["name"]}), flush=True)
+    elif scenario == "mismatch":
+        config = {"out": out, "name": "mismatch"}
+        try:
+            fit(mismatch_loop, config, ScalingConfig(num_workers=2))
+        except Exception as err:
+            print("FAILED", type(err).__name__, err, flush=True)
+            return 3
+    elif scenario == "resume":
+        name = args[0]
+        config = {"out": out, "name": name, "ckpts": str(Path(out) / f"{name}-local"), "weights": str(Path(out) / f"{name}.pt")}
+        run = RunConfig(
+            storage_path=str(Path(out) / "storage"),
+            name=name,
+            failure_config=FailureConfig(max_failures=1),
+            checkpoint_config=CheckpointConfig(num_to_keep=2),
+        )
+        result = fit(resume_loop, config, ScalingConfig(num_workers=2), run)
+        print("RESULT", json.dumps({"metrics": result.metrics, "checkpoint": result.checkpoint.path if result.checkpoint else None}), flush=True)
+    ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

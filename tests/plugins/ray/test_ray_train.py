@@ -1,0 +1,111 @@
+"""Fabric inside Ray Train on a real two-node Ray cluster (loopback, gloo on CPU): ranks from Ray's context, Ray's
+process group used as it is, ``launch()`` starting nothing, a clear error for a Fabric that contradicts Ray's
+ScalingConfig, and (``loggers="ray"``) metrics and checkpoints in Ray, with an exact resume after a worker is
+SIGKILLed. One cluster for the module (``ray_cluster``); every driver is a job with a timeout."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.jobs import start_job, wait_until
+
+SCRIPT = Path(__file__).with_name("ray_job.py")
+FIT_TIMEOUT = 240  # each fit takes 10-30 s on two busy cores; Ray's own start of the worker group included
+
+
+def _run(cluster, tmp_path: Path, *args: str, timeout: float, expect: int = 0) -> str:
+    job = start_job([os.environ.get("PYTHON", __import__("sys").executable), SCRIPT, *args], tmp_path / f"{args[0]}.log", cluster.env())
+    code = job.wait(timeout)
+    output = job.output()
+    assert code == expect, f"driver exited {code}:\n{output[-6000:]}"
+    return output
+
+
+#: Each fit costs a minute or more here (Ray starts a controller, a placement group and two workers): two fits cover a
+#: strategy per layout (ddp over two nodes, fsdp on one), and both must end with the same weights.
+RUNS = {"ddp": "spread", "fsdp": "pack"}
+
+
+@pytest.mark.timeout(FIT_TIMEOUT * 2 + 60)
+def test_fabric_inside_ray_train_takes_ranks_and_process_group_from_ray(ray_cluster, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    _run(ray_cluster, tmp_path, "ranks", str(out), *(f"{s}:{p}" for s, p in RUNS.items()), timeout=FIT_TIMEOUT * 2)
+    checksums = {}
+    for strategy, placement in RUNS.items():
+        records = [json.loads((out / f"{strategy}-{placement}-rank{r}.json").read_text()) for r in (0, 1)]
+        for rank, record in enumerate(records):
+            assert record["environment"] == "RayTrainEnvironment", record
+            # Fabric's ranks are Ray's: (global, local, node, world)
+            assert record["fabric"] == record["ray"], record
+            assert record["fabric"][0] == rank and record["fabric"][3] == 2
+            assert record["ray_made_group"] and record["same_group"], "Fabric used Ray's process group as it is"
+            assert record["backend"] == "gloo"
+            assert record["launcher"] is None and record["children"] == 0, "launch() started nothing"
+            assert record["group_alive_after_teardown"], "Fabric's teardown leaves Ray's group to Ray"
+        if placement == "spread":  # one worker per node: node ranks 0 and 1, both local rank 0
+            assert [r["fabric"][1:3] for r in records] == [[0, 0], [0, 1]], records
+        else:  # both on one node
+            assert [r["fabric"][1:3] for r in records] == [[0, 0], [1, 0]], records
+        assert records[0]["checksum"] == records[1]["checksum"]
+        checksums[f"{strategy}-{placement}"] = records[0]["checksum"]
+    # the same model, data and steps: the same weights whatever the strategy and placement
+    values = list(checksums.values())
+    assert all(abs(v - values[0]) <= 1e-4 * max(1.0, abs(values[0])) for v in values), checksums
+
+
+@pytest.mark.timeout(FIT_TIMEOUT + 60)
+def test_fabric_contradicting_ray_scaling_config_is_a_clear_error(ray_cluster, tmp_path: Path) -> None:
+    output = _run(ray_cluster, tmp_path, "mismatch", str(tmp_path), timeout=FIT_TIMEOUT, expect=3)
+    assert "`Fabric(devices=4, num_nodes=1)`" in output, output[-4000:]
+    assert "`num_workers=2`" in output and "Fabric(devices=2, num_nodes=1)" in output, output[-4000:]
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, weights_only=True)
+
+
+@pytest.mark.timeout(FIT_TIMEOUT * 2 + 60)
+def test_worker_sigkilled_mid_run_resumes_from_rays_checkpoint_exactly(ray_cluster, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    output = _run(ray_cluster, tmp_path, "resume", str(out), "straight", timeout=FIT_TIMEOUT)
+    straight = json.loads(output.split("RESULT ", 1)[1].splitlines()[0])
+    assert straight["metrics"]["step"] == 30 and "loss" in straight["metrics"], straight
+    assert straight["checkpoint"].endswith("straight/step-0030.ckpt"), straight
+    assert (Path(straight["checkpoint"]) / "step-0030.ckpt").is_file(), "the checkpoint is in Ray's storage"
+    assert "RESUMED" not in output
+
+    (out / "progress").unlink()
+    job = start_job([__import__("sys").executable, SCRIPT, "resume", str(out), "killed"], tmp_path / "killed.log", ray_cluster.env())
+
+    def progressed() -> bool:
+        try:
+            pid, step = (out / "progress").read_text().split()
+        except (OSError, ValueError):
+            return False
+        return int(step) >= 12
+
+    assert wait_until(progressed, FIT_TIMEOUT, 0.05), job.output()[-4000:]
+    pid, step = (out / "progress").read_text().split()
+    os.kill(int(pid), signal.SIGKILL)  # rank 1's Ray worker, mid-run
+    code = job.wait(FIT_TIMEOUT)
+    output = job.output()
+    assert code == 0, output[-6000:]
+    killed = json.loads(output.split("RESULT ", 1)[1].splitlines()[0])
+    assert killed["metrics"]["step"] == 30, killed
+    resumed = [line for line in output.splitlines() if "RESUMED" in line]
+    assert resumed, output[-6000:]
+    # resumed from a checkpoint Ray had (the local folder was emptied), at or after the step the kill came after
+    assert "restored=" in resumed[0] and "restored=None" not in resumed[0], resumed
+    assert int(resumed[0].split(" step ")[1].split()[0]) >= 10, resumed
+    a, b = _weights(out / "straight.pt"), _weights(out / "killed.pt")
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
