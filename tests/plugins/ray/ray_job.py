@@ -7,7 +7,7 @@ prints one ``RESULT {...}`` line per fit. Scenarios:
   num_nodes=2)``) or both on one node (``pack``: ``PACK``, ``Fabric(devices=2)``); a few steps, then each worker records
   Ray's and Fabric's ranks, whether Fabric used Ray's process group, and a checksum of its weights.
 * ``mismatch``: ``Fabric(devices=4)`` under ``ScalingConfig(num_workers=2)``.
-* ``resume NAME``: 30 steps with ``loggers="ray"``, a checkpoint every 5 steps, ``FailureConfig(max_failures=1)``;
+* ``resume NAME``: 20 steps with ``loggers="ray"``, a checkpoint every 5 steps, ``FailureConfig(max_failures=1)``;
   rank 1 writes its pid and step to ``OUT/progress`` (the test may SIGKILL it). A restarted worker first empties
   its node's checkpoint folder, as on a fresh machine, so it can only resume from Ray's storage.
 """
@@ -126,7 +126,7 @@ def resume_loop(config: dict) -> None:
     if latest is not None:
         fabric.load(latest, state)
         fabric.print(f"RESUMED {Path(latest).name} step {state['step']} restored={fabric.logger.restored}")
-    while state["step"] < 30:
+    while state["step"] < 20:
         x, y = _batch(state["step"], fabric.global_rank)
         loss = torch.nn.functional.mse_loss(model(x), y)
         fabric.backward(loss)
@@ -138,7 +138,7 @@ def resume_loop(config: dict) -> None:
             fabric.save(ckpts / f"step-{state['step']:04d}.ckpt", state)
         if fabric.global_rank == 1 and not restarted:
             (Path(config["out"]) / "progress").write_text(f"{os.getpid()} {state['step']}")
-            time.sleep(0.3)  # room for the test's SIGKILL mid-run
+            time.sleep(0.2)  # room for the test's SIGKILL mid-run
     if fabric.global_rank == 0:
         torch.save({k: v.detach().clone() for k, v in model.module.state_dict().items()}, config["weights"])
 

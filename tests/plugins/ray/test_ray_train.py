@@ -16,7 +16,7 @@ import torch
 from tests.jobs import start_job, wait_until
 
 SCRIPT = Path(__file__).with_name("ray_job.py")
-FIT_TIMEOUT = 240  # each fit takes 10-30 s on two busy cores; Ray's own start of the worker group included
+FIT_TIMEOUT = 420  # one fit: 1-3 minutes on the 2 cores this machine shares (Ray's start of the worker group included)
 
 
 def _run(cluster, tmp_path: Path, *args: str, timeout: float, expect: int = 0) -> str:
@@ -64,22 +64,22 @@ def test_fabric_inside_ray_train_takes_ranks_and_process_group_from_ray(ray_clus
 def test_fabric_contradicting_ray_scaling_config_is_a_clear_error(ray_cluster, tmp_path: Path) -> None:
     output = _run(ray_cluster, tmp_path, "mismatch", str(tmp_path), timeout=FIT_TIMEOUT, expect=3)
     assert "`Fabric(devices=4, num_nodes=1)`" in output, output[-4000:]
-    assert "`num_workers=2`" in output and "Fabric(devices=2, num_nodes=1)" in output, output[-4000:]
+    assert "`num_workers=2`" in output and "Inside Ray Train the ScalingConfig decides: pass" in output, output[-4000:]
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:
     return torch.load(path, weights_only=True)
 
 
-@pytest.mark.timeout(FIT_TIMEOUT * 2 + 60)
+@pytest.mark.timeout(FIT_TIMEOUT * 3 + 60)
 def test_worker_sigkilled_mid_run_resumes_from_rays_checkpoint_exactly(ray_cluster, tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     output = _run(ray_cluster, tmp_path, "resume", str(out), "straight", timeout=FIT_TIMEOUT)
     straight = json.loads(output.split("RESULT ", 1)[1].splitlines()[0])
-    assert straight["metrics"]["step"] == 30 and "loss" in straight["metrics"], straight
-    assert straight["checkpoint"].endswith("straight/step-0030.ckpt"), straight
-    assert (Path(straight["checkpoint"]) / "step-0030.ckpt").is_file(), "the checkpoint is in Ray's storage"
+    assert straight["metrics"]["step"] == 20 and "loss" in straight["metrics"], straight
+    assert straight["checkpoint"].endswith("straight/step-0020.ckpt"), straight
+    assert (Path(straight["checkpoint"]) / "step-0020.ckpt").is_file(), "the checkpoint is in Ray's storage"
     assert "RESUMED" not in output
 
     (out / "progress").unlink()
@@ -90,21 +90,21 @@ def test_worker_sigkilled_mid_run_resumes_from_rays_checkpoint_exactly(ray_clust
             pid, step = (out / "progress").read_text().split()
         except (OSError, ValueError):
             return False
-        return int(step) >= 12
+        return int(step) >= 7
 
     assert wait_until(progressed, FIT_TIMEOUT, 0.05), job.output()[-4000:]
     pid, step = (out / "progress").read_text().split()
     os.kill(int(pid), signal.SIGKILL)  # rank 1's Ray worker, mid-run
-    code = job.wait(FIT_TIMEOUT)
+    code = job.wait(FIT_TIMEOUT * 2)  # the failed attempt, then the restarted one
     output = job.output()
     assert code == 0, output[-6000:]
     killed = json.loads(output.split("RESULT ", 1)[1].splitlines()[0])
-    assert killed["metrics"]["step"] == 30, killed
+    assert killed["metrics"]["step"] == 20, killed
     resumed = [line for line in output.splitlines() if "RESUMED" in line]
     assert resumed, output[-6000:]
     # resumed from a checkpoint Ray had (the local folder was emptied), at or after the step the kill came after
     assert "restored=" in resumed[0] and "restored=None" not in resumed[0], resumed
-    assert int(resumed[0].split(" step ")[1].split()[0]) >= 10, resumed
+    assert int(resumed[0].split(" step ")[1].split()[0]) >= 5, resumed
     a, b = _weights(out / "straight.pt"), _weights(out / "killed.pt")
     assert a.keys() == b.keys()
     for key in a:

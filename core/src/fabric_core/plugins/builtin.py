@@ -66,6 +66,7 @@ FIRST_PARTY: dict[str, dict[str, tuple[str, ...]]] = {
     "fabric-wandb": {"logger": ("wandb",)},
     "fabric-mlflow": {"logger": ("mlflow",)},
     "fabric-ft": {"strategy": ("ft_ddp", "ft_*")},
+    "fabric-ray": {"environment": ("ray",), "logger": ("ray",)},
 }
 
 
