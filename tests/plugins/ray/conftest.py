@@ -75,7 +75,15 @@ def _node(tmpdir: Path, log: Path, ip: str, *args: str):
         str(RAY), "start", "--node-ip-address", ip, "--num-cpus", str(NODE_CPUS), "--num-gpus", "0",
         "--object-store-memory", str(OBJECT_STORE_BYTES), "--disable-usage-stats", "--block", *args,
     ]  # fmt: skip
-    env = job_env(RAY_TMPDIR=str(tmpdir), RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled", OMP_NUM_THREADS="1")
+    env = job_env(
+        RAY_TMPDIR=str(tmpdir),
+        RAY_USAGE_STATS_ENABLED="0",
+        RAY_AUTH_MODE="disabled",
+        OMP_NUM_THREADS="1",
+        # Ray's default (30 s) for a raylet to register with the GCS was too short here once under load (exit 1,
+        # "The current node timed out during startup"): START_TIMEOUT bounds the whole start anyway.
+        RAY_raylet_start_wait_time_s=str(int(START_TIMEOUT)),
+    )
     return start_job(command, log, env)
 
 def _alive_nodes(cluster: RayCluster) -> int:
