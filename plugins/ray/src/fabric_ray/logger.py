@@ -70,9 +70,10 @@ class RayTrainLogger(Logger):
         self._report_checkpoints = report_checkpoints
         self._metrics: dict[str, Any] = {}
         self.restored: str | None = None
-        """The path Ray's latest checkpoint was put back at when this logger was created (``None``: nothing to do)."""
+        """Where Ray's latest checkpoint was put back when this logger was created, on each node's local rank 0 (which
+        does it while the others wait); ``None`` there when there was nothing to do, and on the other ranks."""
         if restore:
-            self.restored = restore_latest_checkpoint()
+            self.restored = _restore_once_per_node()
 
     @property
     def name(self) -> str | None:
@@ -136,12 +137,26 @@ def _link_file(source: str, target: str) -> None:
         shutil.copy2(source, target)
 
 
+def _restore_once_per_node() -> str | None:
+    """Local rank 0 restores, the others wait for it (Ray's process group exists before the user's function), so
+    :attr:`RayTrainLogger.restored` is set on every node's local rank 0 and no two ranks copy the same files."""
+    import torch.distributed as dist
+
+    grouped = dist.is_available() and dist.is_initialized()
+    restored = None
+    if not grouped or ray.train.get_context().get_local_rank() == 0:
+        restored = restore_latest_checkpoint()
+    if grouped:
+        dist.barrier()
+    return restored
+
+
 def restore_latest_checkpoint() -> str | None:
     """Put Ray's latest checkpoint of this run back at the path ``fabric.save`` wrote it to, if it is missing there.
 
     Returns that path, or ``None`` when Ray has no checkpoint (a first run), the checkpoint was not written by
-    fabric-ray, or the path exists already (the restarted worker is on the same machine). Safe on every rank at
-    once: each copies into a hidden folder beside the target and renames it into place; the first wins.
+    fabric-ray, or the path exists already (the restarted worker is on the same machine). Safe in several processes
+    at once (nodes sharing the folder): each copies beside the target under a hidden name and renames it into place.
     """
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is None:
