@@ -36,3 +36,9 @@ def fabric_register_loggers(registrar: Registrar) -> None:
 def fabric_report_packages() -> list[str]:
     """What ``fabric env`` reports for this plugin, installed or not."""
     return ["ray"]
+
+
+@hookimpl
+def fabric_library_packages() -> dict[str, str]:
+    """Frames of these packages are not the user's line in a hang report; Ray Train's own code runs the loop."""
+    return {"fabric_ray": "library", "ray": "library"}
