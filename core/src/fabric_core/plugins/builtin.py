@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 _CORE = "fabric_core."
 
+_BNB_MODES = ("nf4", "nf4-dq", "fp4", "fp4-dq", "int8", "int8-training")
+
 #: What this project's other distributions provide, by kind (names or fnmatch patterns).
 FIRST_PARTY: dict[str, dict[str, tuple[str, ...]]] = {
     "fabric-ddp": {
@@ -67,6 +69,10 @@ FIRST_PARTY: dict[str, dict[str, tuple[str, ...]]] = {
     "fabric-mlflow": {"logger": ("mlflow",)},
     "fabric-ft": {"strategy": ("ft_ddp", "ft_*")},
     "fabric-ray": {"environment": ("ray",), "logger": ("ray",)},
+    "fabric-bnb": {
+        "precision": tuple(f"bnb{sep}{mode}" for sep in "-." for mode in _BNB_MODES) + ("bnb-*", "bnb.*")
+    },
+    "fabric-ao": {"precision": ("float8", "float8-rowwise", "transformer-engine", "transformer-engine-float16")},
 }
 
 
