@@ -26,11 +26,11 @@ from fabric_core import Fabric
 from fabric_core.plugins import get_registry
 registry = get_registry()
 names = {e.name: e.distribution for e in registry.entries("logger")}
-assert names == {"csv": "fabric-core", "tensorboard": "fabric-core", "wandb": "fabric-wandb", "mlflow": "fabric-mlflow"}, names
-assert "fabric_wandb.register" in sys.modules and "fabric_mlflow.register" in sys.modules
+assert names == {"csv": "fabric-core", "tensorboard": "fabric-core", "wandb": "fabric-wandb", "mlflow": "fabric-mlflow", "ray": "fabric-ray"}, names
+assert all(f"fabric_{t}.register" in sys.modules for t in ("wandb", "mlflow", "ray"))
 Fabric(accelerator="cpu")
 Fabric(accelerator="cpu", loggers="csv")
-loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("wandb", "mlflow") or m in ("fabric_wandb.logger", "fabric_mlflow.logger"))
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("wandb", "mlflow", "ray") or m in ("fabric_wandb.logger", "fabric_mlflow.logger", "fabric_ray.logger"))
 assert not loaded, loaded
 print("ok")
 """
