@@ -243,14 +243,24 @@ def run_job(
     env["BENCH_T0"] = repr(time.time())
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=timeout)
     if proc.returncode != 0:
-        if _EXIT_ABORT in proc.stderr and RESULT_PREFIX in proc.stdout:
-            result = parse_result(proc.stdout)
-            result["exit_aborted"] = True
-            return result
+        kept = result_of_exit_abort(proc)
+        if kept is not None:
+            return kept
         raise RuntimeError(
             f"{' '.join(cmd[-len(args) - 1 :])} exited with {proc.returncode}:\n{proc.stderr[-2500:]}"
         )
     return parse_result(proc.stdout)
+
+
+def result_of_exit_abort(proc: subprocess.CompletedProcess) -> dict[str, Any] | None:
+    """The result of a failed job that reported it and then aborted at interpreter exit, marked ``exit_aborted``;
+    ``None`` for any other failure. Under torchrun a rank's abort shows as its SIGABRT in the agent's summary."""
+    aborted = _EXIT_ABORT in proc.stderr or "(SIGABRT)" in proc.stderr
+    if not aborted or RESULT_PREFIX not in proc.stdout:
+        return None
+    result = parse_result(proc.stdout)
+    result["exit_aborted"] = True
+    return result
 
 
 def exit_aborts(samples: dict[str, list[dict[str, Any] | None]]) -> dict[str, int]:

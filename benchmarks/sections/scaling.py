@@ -31,6 +31,7 @@ from benchmarks._common import (
     module_available,
     paired_ratios,
     parse_result,
+    result_of_exit_abort,
     rotated,
     summarize,
 )
@@ -87,6 +88,9 @@ def job(impl: str, strategy: str, world: int, cfg: dict[str, Any], ckpt_dir: str
         cmd + [str(WORKER)] + args, capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=cfg["timeout"]
     )
     if proc.returncode != 0:
+        kept = result_of_exit_abort(proc)  # torch's teardown crash after the work was reported: keep the numbers
+        if kept is not None:
+            return kept
         raise RuntimeError(f"{impl} {strategy} x{world} exited with {proc.returncode}:\n{proc.stderr[-2500:]}")
     return parse_result(proc.stdout)
 
