@@ -16,6 +16,7 @@ SCRIPT = Path(__file__).parent / "scripts" / "collectives_job.py"
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_groups_point_to_point_and_the_decoupled_pattern(tmp_path, world):
+    pytest.importorskip("fabric_ddp", reason="the trainers train with fabric-ddp (not installed in the XLA lane)")
     run_ranks(SCRIPT, str(tmp_path), world_size=world, timeout=240, tmp_path=tmp_path)
     seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
     for rank, s in enumerate(seen):

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from fabric_core.runtime import failures
@@ -107,6 +108,7 @@ def test_the_job_exits_with_the_first_failures_code():
 
 def test_a_barrier_whose_peer_left_names_the_rank_and_where_this_one_waited(tmp_path):
     """Not gloo's "Connection closed by peer" ten frames deep: who left, and the user's line that waited."""
+    pytest.importorskip("fabric_ddp", reason="needs fabric-ddp (the XLA lane installs only fabric-core and fabric-xla)")
     import json
 
     from jobs import run_ranks

@@ -392,6 +392,7 @@ def test_hook_fabric_register_checkpoint_formats_installed_format_used_by_a_stra
     ``fabric consolidate`` reads the folder through the same registration."""
     from jobs import read_json, run_script
 
+    pytest.importorskip("fabric_ddp", reason="needs fabric-ddp (the XLA lane installs only fabric-core and fabric-xla)")
     site = plugin_sites.site("formats")
     script = tmp_path / "keyed_job.py"
     script.write_text(_KEYED_FORMAT_JOB)
