@@ -106,3 +106,29 @@ def test_entry_point_scan_after_the_importlib_metadata_backport_is_imported():
     assert done.returncode == 0, done.stderr
     standard, ours = json.loads(done.stdout.strip().splitlines()[-1])
     assert standard and ours == standard
+
+
+def test_a_lazy_submodule_is_imported_when_first_read_and_listed_before():
+    """``fabric_core.io.background`` is read by ``Fabric.save`` through the package: listed by ``dir`` before it is
+    imported, imported on the first read, and a name that is neither an export nor a submodule is an AttributeError."""
+    code = textwrap.dedent(
+        """
+        import json, sys
+        import fabric_core.io as io
+        listed = "background" in dir(io)
+        before = "fabric_core.io.background" in sys.modules
+        module = io.background
+        after = "fabric_core.io.background" in sys.modules
+        try:
+            io.no_such_part
+            missing = "no error"
+        except AttributeError as err:
+            missing = str(err)
+        print(json.dumps([listed, before, after, module.__name__, missing]))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    listed, before, after, name, missing = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (listed, before, after, name) == (True, False, True, "fabric_core.io.background")
+    assert "no_such_part" in missing

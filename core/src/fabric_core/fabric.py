@@ -21,14 +21,20 @@ from torch.nn import Module
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader, IterableDataset
 
-from fabric_core import connector, loop
+# `io` and `loggers` import their submodules when first read (`io.background`, `loggers.base`): a script that never
+# saves or logs does not pay for them (tests/core/test_import_budget.py).
+from fabric_core import connector, io, loop
+from fabric_core import loggers as experiment_loggers
 from fabric_core.accelerators.base import Accelerator
 from fabric_core.plugins.host import get_registry
 from fabric_core.runtime import failures, hang
 from fabric_core.runtime.hang import counts_as_progress, report_progress, start_watchdog
 from fabric_core.strategies.base import Strategy
+from fabric_core.utilities import data
+from fabric_core.utilities import seed as seeding
 from fabric_core.utilities.apply import apply_to_collection, convert_tensors_to_scalars, convert_to_tensors
 from fabric_core.utilities.attach import callback_complaint, hand_fabric_to
+from fabric_core.utilities.data import capture_init_arguments
 from fabric_core.utilities.parameters import (
     ParameterPlaces,
     Replacements,
@@ -232,8 +238,6 @@ class Fabric:
         return to_run(*args, **kwargs)
 
     def _wrap_with_setup(self, to_run: Callable, *args: Any, **kwargs: Any) -> Any:
-        from fabric_core.utilities.data import capture_init_arguments
-
         self._strategy.setup_environment()
         start_watchdog(self.global_rank, _library_packages)  # FABRIC_HANG_TIMEOUT (runtime/hang.py)
         try:
@@ -248,9 +252,7 @@ class Fabric:
 
     def _finalize_loggers(self, status: str) -> list[Exception]:
         """Finalize every logger (those without ``finalize`` are skipped); returns the errors they raised."""
-        from fabric_core.loggers.base import finalize_loggers
-
-        return finalize_loggers(self._loggers, status)
+        return experiment_loggers.base.finalize_loggers(self._loggers, status)
 
     def _validate_launched(self) -> None:
         if not self._launched and self._strategy.requires_launch:
@@ -359,8 +361,6 @@ class Fabric:
         return wrapped[0] if len(wrapped) == 1 else wrapped  # type: ignore[return-value]
 
     def _setup_dataloader(self, dataloader: DataLoader, use_distributed_sampler: bool, move_to_device: bool) -> Any:
-        from fabric_core.utilities import data, seed
-
         kwargs = self._strategy.distributed_sampler_kwargs
         if use_distributed_sampler and kwargs is not None:
             # Every rank reads the same seed without communicating (docs/decisions.md, "Data"): the shuffle of a
@@ -387,7 +387,7 @@ class Fabric:
                     category=PossibleUserWarning,
                 )
         if os.environ.get("PL_SEED_WORKERS") == "1" and dataloader.worker_init_fn is None:
-            dataloader.worker_init_fn = partial(seed.worker_init_function, rank=self.global_rank)
+            dataloader.worker_init_fn = partial(seeding.worker_init_function, rank=self.global_rank)
         dataloader = self._strategy.process_dataloader(dataloader)
         device = self.device if move_to_device else None
         return FabricDataLoader(dataloader, device=device)
@@ -676,21 +676,16 @@ class Fabric:
                 f" {type(state).__name__}. Name each object: `fabric.save(path, {{'model': model, 'optimizer':"
                 " optimizer, 'step': step}})`."
             )
-        # The checkpoint modules are imported by the calls that use them: `import fabric_core` and `Fabric(...)`
-        # stay cheap for a script that never saves.
-        from fabric_core.io import CheckpointLocation, background, retention, series
-        from fabric_core.io import state as walk
-
-        walk.check_filter(filter, state)
+        io.state.check_filter(filter, state)
 
         self._validate_launched()
-        location = CheckpointLocation.of(path)  # decided once: a local path or a URL
+        location = io.CheckpointLocation.of(path)  # decided once: a local path or a URL
         location.check_reachable_by(self.world_size)
         if keep_last is not None:  # bad values fail before anything is written
             if not isinstance(keep_last, int) or isinstance(keep_last, bool) or keep_last < 1:
                 raise ValueError(f"`keep_last` must be a positive integer, got {keep_last!r}.")
-            series.CheckpointSeries.of_member(location)
-        background.raise_failures()  # an earlier save that failed in the background is reported now, not lost
+            io.series.CheckpointSeries.of_member(location)
+        io.background.raise_failures()  # an earlier save that failed in the background is reported now, not lost
         handle = None
         unwrapped = unwrap_objects(state, dataloaders=False)
         if async_save:
@@ -698,13 +693,11 @@ class Fabric:
         else:
             self._strategy.save_checkpoint(path=location, state=unwrapped, filter=filter)
         if keep_last is not None and self.is_global_zero:
-            background.submit(location, partial(retention.prune, location, keep_last))  # after this save: work runs in order
+            io.background.submit(location, partial(io.retention.prune, location, keep_last))  # after this save: work runs in order
         self._strategy.barrier()  # from here on the checkpoint is at `location` for every rank
         if self._loggers:
-            from fabric_core.loggers.base import notify_checkpoint_saved
-
-            notify_checkpoint_saved(self._loggers, str(location))
-        return handle if handle is not None else background.handle(location)
+            experiment_loggers.base.notify_checkpoint_saved(self._loggers, str(location))
+        return handle if handle is not None else io.background.handle(location)
 
     @counts_as_progress
     def load(
@@ -715,13 +708,10 @@ class Fabric:
         Loading is safe by default (only tensors and plain containers); pass ``weights_only=False`` for a trusted
         checkpoint that holds arbitrary Python objects.
         """
-        from fabric_core.io import CheckpointLocation, background
-        from fabric_core.io import state as walk
-
         self._validate_launched()
-        location = CheckpointLocation.of(path)  # decided once: a local path or a URL
+        location = io.CheckpointLocation.of(path)  # decided once: a local path or a URL
         location.check_reachable_by(self.world_size)
-        background.wait(location)  # a save of this path still finishing here lands first
+        io.background.wait(location)  # a save of this path still finishing here lands first
         if self.world_size > 1:
             self._strategy.barrier()  # ... and on every rank: rank 0 may still have been committing it
         if state is not None and not isinstance(state, Mapping):
@@ -735,7 +725,7 @@ class Fabric:
         self._strategy.barrier()
         if state is not None and unwrapped is not None:
             for key, value in unwrapped.items():  # plain values were replaced in the unwrapped copy
-                if key in state and not isinstance(state[key], (Module, Optimizer, FabricOptimizer)) and not walk.is_stateful(state[key]):
+                if key in state and not isinstance(state[key], (Module, Optimizer, FabricOptimizer)) and not io.state.is_stateful(state[key]):
                     state[key] = value
         return remainder
 
@@ -747,9 +737,7 @@ class Fabric:
         so every rank resumes from the same checkpoint even while a save or a prune changes the folder. Resume with
         ``fabric.load(latest, state)``; see :mod:`fabric_core.runtime.resume` for the whole pattern.
         """
-        from fabric_core.io.series import CheckpointSeries
-
-        checkpoints = CheckpointSeries.of(series)  # a series without a number is refused on every rank alike
+        checkpoints = io.series.CheckpointSeries.of(series)  # a series without a number is refused on every rank alike
         found: str | None = None
         error: str | None = None
         if self.is_global_zero:
@@ -767,10 +755,8 @@ class Fabric:
 
     def load_raw(self, path: str | Path, obj: Module | Optimizer, strict: bool = True, *, weights_only: bool | None = None) -> None:
         """Load a plain PyTorch checkpoint (a state dict) into a module or optimizer."""
-        from fabric_core.io import CheckpointLocation, background
-
-        location = CheckpointLocation.of(path)  # decided once: a local path or a URL
-        background.wait(location)
+        location = io.CheckpointLocation.of(path)  # decided once: a local path or a URL
+        io.background.wait(location)
         obj = unwrap_objects(obj)
         if isinstance(obj, Module):
             obj = self._strategy.unwrap_module(obj)
@@ -802,9 +788,7 @@ class Fabric:
     @staticmethod
     def seed_everything(seed: int | None = None, workers: bool | None = None, verbose: bool = True) -> int:
         """Seed ``random``, numpy and torch in this process (and, by default, dataloader workers)."""
-        from fabric_core.utilities.seed import seed_everything
-
-        return seed_everything(seed=seed, workers=True if workers is None else workers, verbose=verbose)
+        return seeding.seed_everything(seed=seed, workers=True if workers is None else workers, verbose=verbose)
 
     def __repr__(self) -> str:
         return (

@@ -38,7 +38,8 @@ __all__ = [
     "lazy_load",
 ]
 
-# Imported on first use: recognising a checkpoint by its location must not import torch.
+# Imported on first use: recognising a checkpoint by its location must not import torch, and a script that never
+# saves does not import the checkpoint modules (``Fabric`` reads ``io.background`` etc. inside its calls).
 __getattr__, __dir__ = lazy_exports(
     __name__,
     "fabric-core",
@@ -54,4 +55,5 @@ __getattr__, __dir__ = lazy_exports(
         "atomic_save": "fabric_core.io.commit",
         "lazy_load": "fabric_core.io.lazy",
     },
+    submodules=("background", "retention", "series", "state"),
 )

@@ -26,4 +26,5 @@ __getattr__, __dir__ = lazy_exports(
         "TensorBoardLogger": "fabric_core.loggers.tensorboard",
         "rank_zero_experiment": "fabric_core.loggers.base",
     },
+    submodules=("base",),
 )

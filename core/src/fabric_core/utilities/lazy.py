@@ -6,6 +6,10 @@ frameworks behind them) are imported only when a user touches them, and ``__vers
 installed distribution's metadata only when asked for::
 
     __getattr__, __dir__ = lazy_exports(__name__, "fabric-mything", {"MyStrategy": "fabric_mything.strategy"})
+
+A package may also name ``submodules`` that are imported when first read as attributes, so that a caller names the
+dependency once at the top of its file (``from fabric_core import io`` ... ``io.background.wait(path)``) and still
+pays for the module only in the call that uses it (``Fabric`` does this for checkpoints and loggers).
 """
 
 from __future__ import annotations
@@ -13,15 +17,17 @@ from __future__ import annotations
 import gc
 import importlib
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 
 def lazy_exports(
-    package: str, distribution: str, names: Mapping[str, str]
+    package: str, distribution: str, names: Mapping[str, str], submodules: Iterable[str] = ()
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """``(__getattr__, __dir__)`` for ``package``: ``names`` maps a public name to the module that defines it."""
+    """``(__getattr__, __dir__)`` for ``package``: ``names`` maps a public name to the module that defines it;
+    ``submodules`` are the package's modules that reading ``package.<name>`` imports."""
+    submodules = frozenset(submodules)
 
     def __getattr__(name: str) -> Any:
         if name == "__version__":
@@ -35,13 +41,16 @@ def lazy_exports(
         elif name in names:
             with collection_paused():
                 value = getattr(importlib.import_module(names[name]), name)
+        elif name in submodules:
+            with collection_paused():
+                value = importlib.import_module(f"{package}.{name}")
         else:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         setattr(sys.modules[package], name, value)
         return value
 
     def __dir__() -> list[str]:
-        return sorted({*vars(sys.modules[package]), *names, "__version__"})
+        return sorted({*vars(sys.modules[package]), *names, *submodules, "__version__"})
 
     return __getattr__, __dir__
 
