@@ -21,20 +21,17 @@ from torch.nn import Module
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader, IterableDataset
 
-# `io` and `loggers` import their submodules when first read (`io.background`, `loggers.base`): a script that never
-# saves or logs does not pay for them (tests/core/test_import_budget.py).
-from fabric_core import connector, io, loop
+# These packages import a submodule when it is first read (`io.background`, `loggers.base`, `utilities.data`):
+# `Fabric()` imports only what the calls a script makes need (tests/core/test_import_budget.py).
+from fabric_core import connector, io, loop, strategies, utilities
 from fabric_core import loggers as experiment_loggers
 from fabric_core.accelerators.base import Accelerator
 from fabric_core.plugins.host import get_registry
 from fabric_core.runtime import failures, hang
 from fabric_core.runtime.hang import counts_as_progress, report_progress, start_watchdog
 from fabric_core.strategies.base import Strategy
-from fabric_core.utilities import data
-from fabric_core.utilities import seed as seeding
 from fabric_core.utilities.apply import apply_to_collection, convert_tensors_to_scalars, convert_to_tensors
 from fabric_core.utilities.attach import callback_complaint, hand_fabric_to
-from fabric_core.utilities.data import capture_init_arguments
 from fabric_core.utilities.parameters import (
     ParameterPlaces,
     Replacements,
@@ -72,10 +69,7 @@ def _library_packages() -> dict[str, str]:
 
 def _shards_without_data_parallel_ranks(strategy: Strategy, module: Module) -> bool:
     """Sharded (DTensor) parameters from a multi-process strategy that does not say which ranks share data."""
-    from fabric_core.strategies.layout import declares_data_parallel
-    from fabric_core.utilities.dtensor import has_dtensor_parameters
-
-    return not declares_data_parallel(strategy) and has_dtensor_parameters(module)
+    return not strategies.layout.declares_data_parallel(strategy) and utilities.dtensor.has_dtensor_parameters(module)
 
 
 class Fabric:
@@ -241,7 +235,7 @@ class Fabric:
         self._strategy.setup_environment()
         start_watchdog(self.global_rank, _library_packages)  # FABRIC_HANG_TIMEOUT (runtime/hang.py)
         try:
-            with capture_init_arguments():
+            with utilities.data.capture_init_arguments():
                 return to_run(*args, **kwargs)
         except BaseException as err:
             # The run failed: trackers mark it failed now (a spawned process never runs atexit handlers).
@@ -366,13 +360,13 @@ class Fabric:
             # Every rank reads the same seed without communicating (docs/decisions.md, "Data"): the shuffle of a
             # DistributedSampler and the order of a wrapped sampler are functions of (seed, epoch).
             global_seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
-            sampler = data.distributed_sampler_for(dataloader, seed=global_seed, **kwargs)
+            sampler = utilities.data.distributed_sampler_for(dataloader, seed=global_seed, **kwargs)
             if sampler is not None:
-                dataloader = data.reinstantiate_dataloader(dataloader, sampler)
+                dataloader = utilities.data.reinstantiate_dataloader(dataloader, sampler)
             elif (
                 isinstance(dataloader.dataset, IterableDataset)
                 and kwargs.get("num_replicas", 1) > 1
-                and not data.shards_itself(dataloader.dataset, kwargs["num_replicas"])
+                and not utilities.data.shards_itself(dataloader.dataset, kwargs["num_replicas"])
             ):
                 replicas = kwargs["num_replicas"]
                 rank_zero_warn(
@@ -387,7 +381,7 @@ class Fabric:
                     category=PossibleUserWarning,
                 )
         if os.environ.get("PL_SEED_WORKERS") == "1" and dataloader.worker_init_fn is None:
-            dataloader.worker_init_fn = partial(seeding.worker_init_function, rank=self.global_rank)
+            dataloader.worker_init_fn = partial(utilities.seed.worker_init_function, rank=self.global_rank)
         dataloader = self._strategy.process_dataloader(dataloader)
         device = self.device if move_to_device else None
         return FabricDataLoader(dataloader, device=device)
@@ -545,9 +539,7 @@ class Fabric:
         norm = self._strategy.clip_gradients_norm(
             module, optimizer, max_norm=cast(float, max_norm), norm_type=norm_type, error_if_nonfinite=error_if_nonfinite
         )
-        from fabric_core.utilities.dtensor import to_full_tensor
-
-        return to_full_tensor(norm)  # a plain tensor, also from a strategy that returns the norm as a DTensor
+        return utilities.dtensor.to_full_tensor(norm)  # a plain tensor, also from a strategy that returns the norm as a DTensor
 
     def autocast(self) -> AbstractContextManager:
         """The precision's forward context, for code that runs outside the model's forward."""
@@ -788,7 +780,7 @@ class Fabric:
     @staticmethod
     def seed_everything(seed: int | None = None, workers: bool | None = None, verbose: bool = True) -> int:
         """Seed ``random``, numpy and torch in this process (and, by default, dataloader workers)."""
-        return seeding.seed_everything(seed=seed, workers=True if workers is None else workers, verbose=verbose)
+        return utilities.seed.seed_everything(seed=seed, workers=True if workers is None else workers, verbose=verbose)
 
     def __repr__(self) -> str:
         return (

@@ -12,6 +12,7 @@ __getattr__, __dir__ = lazy_exports(
     "fabric-core",
     {
         "BackwardSyncControl": "fabric_core.strategies.base",
+        "NothingToSync": "fabric_core.strategies.base",
         "Strategy": "fabric_core.strategies.base",
         "Collectives": "fabric_core.strategies.collectives",
         "OneProcessCollectives": "fabric_core.strategies.collectives",
@@ -20,11 +21,13 @@ __getattr__, __dir__ = lazy_exports(
         "ProcessGroupCollectives": "fabric_core.strategies.parallel",
         "SingleDeviceStrategy": "fabric_core.strategies.single_device",
     },
+    submodules=("layout",),
 )
 
 __all__ = [
     "BackwardSyncControl",
     "Collectives",
+    "NothingToSync",
     "OneProcessCollectives",
     "ParallelStrategy",
     "ProcessGroupCollectives",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager, ExitStack
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -141,6 +141,15 @@ class BackwardSyncControl(ABC):
     @abstractmethod
     def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager:
         """A context in which backward does not synchronise gradients across processes."""
+
+
+class NothingToSync(BackwardSyncControl):
+    """For a strategy whose backward never synchronises gradients: one process, or replicas that reduce them later
+    (at ``optimizer.step()``, as XLA does). Skipping the sync is always honoured, silently; accumulation just works."""
+
+    def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager:
+        """Nothing to skip: an empty context."""
+        return nullcontext()
 
 
 class Strategy(ABC):

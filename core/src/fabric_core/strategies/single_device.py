@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
 import torch
-from torch.nn import Module
 
-from fabric_core.strategies.base import BackwardSyncControl, Strategy
+from fabric_core.strategies.base import BackwardSyncControl, NothingToSync, Strategy
 from fabric_core.strategies.collectives import OneProcessCollectives
 
 if TYPE_CHECKING:
@@ -17,13 +15,6 @@ if TYPE_CHECKING:
     from fabric_core.io.checkpoint_io import CheckpointIO
     from fabric_core.io.format import FindReader
     from fabric_core.precision.base import Precision
-
-
-class _NothingToSync(BackwardSyncControl):
-    """One process has no gradients to synchronise, so skipping the sync is always honoured (silently)."""
-
-    def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager:
-        return nullcontext()
 
 
 class SingleDeviceStrategy(OneProcessCollectives, Strategy):
@@ -71,5 +62,5 @@ class SingleDeviceStrategy(OneProcessCollectives, Strategy):
 
     @property
     def backward_sync_control(self) -> BackwardSyncControl:
-        return _NothingToSync()
+        return NothingToSync()
 

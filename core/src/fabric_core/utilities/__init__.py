@@ -44,4 +44,5 @@ __getattr__, __dir__ = lazy_exports(
         "seed_everything": "fabric_core.utilities.seed",
         "disable_possible_user_warnings": "fabric_core.utilities.warnings",
     },
+    submodules=("data", "dtensor", "seed"),
 )

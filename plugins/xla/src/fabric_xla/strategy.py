@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import pickle
 import warnings
-from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -31,7 +30,7 @@ from torch.nn import Module
 from torch.optim import Optimizer
 
 from fabric_core.io.format import FormatContext
-from fabric_core.strategies.base import BackwardSyncControl, Strategy, check_reduce_op
+from fabric_core.strategies.base import BackwardSyncControl, NothingToSync, Strategy, check_reduce_op
 from fabric_core.strategies.collectives import Collectives, OneProcessCollectives, check_broadcast_src
 from fabric_core.strategies.layout import ProcessPerDevice
 from fabric_core.strategies.single_device import SingleDeviceStrategy
@@ -72,14 +71,6 @@ def check_xla_accelerator(strategy: Strategy, accelerator: Accelerator) -> None:
         )
 
 
-class _NothingToSkip(BackwardSyncControl):
-    """XLA never synchronises gradients in backward, so there is nothing for ``no_backward_sync`` to skip: the
-    replicas reduce them at ``optimizer.step()``, SPMD inside the compiled step. Accumulation just works."""
-
-    def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager:
-        return nullcontext()
-
-
 class XLADeviceLoader:
     """A ``DataLoader`` whose batches arrive on the XLA device, through torch_xla's ``MpDeviceLoader``.
 
@@ -114,7 +105,9 @@ class XLADeviceLoader:
 class _XLAMixin:
     """What every XLA strategy does the same way (placed before the core base class in the MRO)."""
 
-    _backward_sync_control = _NothingToSkip()
+    # XLA never synchronises gradients in backward (the replicas reduce them at ``optimizer.step()``, SPMD inside
+    # the compiled step): ``no_backward_sync`` has nothing to skip.
+    _backward_sync_control = NothingToSync()
 
     @property
     def backward_sync_control(self) -> BackwardSyncControl:
