@@ -216,3 +216,90 @@ def test_torchao_low_bit_adamw_sharded_by_fsdp_two_processes(tmp_path):
     results = [json.loads(line[7:]) for out in outputs for line in out.splitlines() if line.startswith("RESULT ")]
     assert len(results) == 2 * len(STATE_CLASSES), outputs
     _check_optimizer_results(results, True)
+
+
+TP_SCRIPT = textwrap.dedent(
+    """
+    import copy, json, sys
+
+    import torch
+    from torch import nn
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import parallelize_module
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    from torchao.float8.float8_linear import Float8Linear
+    from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel, Float8RowwiseParallel
+
+    from fabric_core import Fabric
+    from fabric_fsdp import ModelParallelStrategy
+
+    folder = sys.argv[1]
+
+
+    def parallelize(model, mesh):
+        # torchao's float8 plans: the activations cross the tensor-parallel boundary in float8
+        plan = {"0": Float8ColwiseParallel(), "2": Float8RowwiseParallel()}
+        return parallelize_module(model, mesh["tensor_parallel"], plan)
+
+
+    def net():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 32))
+
+
+    def train(model, optimizer, backward, steps=15):
+        losses = []
+        for _ in range(steps):
+            optimizer.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            backward(loss)
+            optimizer.step()
+            losses.append(loss.item())
+        return losses
+
+
+    x = torch.randn(64, 32, generator=torch.Generator().manual_seed(0))  # tensor-parallel peers read the same batch
+    y = (x * 2).sin()
+    reference = convert_to_float8_training(net(), config=Float8LinearConfig(emulate=True))  # one process, no Fabric
+    expected = train(reference, torch.optim.AdamW(reference.parameters(), lr=1e-2), lambda loss: loss.backward())
+
+    strategy = ModelParallelStrategy(parallelize_fn=parallelize, tensor_parallel_size=2)
+    fabric = Fabric(accelerator="cpu", devices=2, strategy=strategy, precision="float8")  # by name
+    fabric.launch()
+    model = net()
+    model, optimizer = fabric.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    losses = train(model, optimizer, fabric.backward)
+    fabric.save(folder + "/ckpt", {"model": model, "optimizer": optimizer})
+    fresh = fabric.setup(net())
+    fabric.load(folder + "/ckpt", {"model": fresh})
+    with torch.no_grad():
+        same = bool(torch.equal(model(x), fresh(x)))
+    weight = model.module[0].weight
+    print("RESULT " + json.dumps({
+        "precision": type(fabric.strategy.precision).__name__,
+        "float8": sum(isinstance(m, Float8Linear) for m in model.modules()),
+        "sharded": isinstance(weight, DTensor) and weight.to_local().shape == (32, 32),
+        "losses": losses, "expected": expected, "same_after_load": same,
+    }))
+    """
+)
+
+
+@pytest.mark.multiprocess
+def test_float8_with_model_parallel_tensor_parallel_two_processes(tmp_path):
+    """`precision="float8"` under `strategy=ModelParallelStrategy(...)`: the Linear layers become float8 before the
+    user's `parallelize_fn` shards them with torchao's float8 tensor-parallel plans (emulated on gloo); training
+    follows a one-process float8 run, and the sharded checkpoint loads back."""
+    pytest.importorskip("fabric_fsdp", reason="the model_parallel check needs fabric-fsdp")
+    script = tmp_path / "ao_tp.py"
+    script.write_text(TP_SCRIPT)
+    outputs = run_ranks(script, str(tmp_path), world_size=2, timeout=300, tmp_path=tmp_path)
+    results = [json.loads(line[7:]) for out in outputs for line in out.splitlines() if line.startswith("RESULT ")]
+    assert len(results) == 2, outputs
+    assert results[0]["losses"] == results[1]["losses"]  # one replica split over two processes
+    for result in results:
+        assert result["precision"] == "Float8Precision" and result["float8"] == 2, result
+        assert result["sharded"] and result["same_after_load"], result
+        losses, expected = result["losses"], result["expected"]
+        assert losses[-1] < 0.5 * losses[0], losses
+        assert all(abs(a - b) <= 0.02 * expected[0] for a, b in zip(losses, expected)), (losses, expected)

@@ -152,3 +152,26 @@ def test_listing_precisions_imports_no_torchao():
     assert out.returncode == 0, out.stderr
     for name in ("float8", "float8-rowwise", "transformer-engine", "transformer-engine-float16"):
         assert f"'{name}'" in out.stdout
+
+
+def _no_sharding(model, mesh):
+    return model
+
+
+def test_model_parallel_accepts_float8_by_name_and_still_refuses_casting_precisions():
+    """float8 only rewrites modules (before `parallelize_fn`), so `model_parallel` takes it by name; precisions that
+    cast or quantize the weights themselves stay refused."""
+    fabric_fsdp = pytest.importorskip("fabric_fsdp", reason="the model_parallel check needs fabric-fsdp")
+    strategy = fabric_fsdp.ModelParallelStrategy(_no_sharding)
+    fabric = Fabric(accelerator="cpu", devices=2, strategy=strategy, precision="float8-rowwise")
+    assert isinstance(fabric.strategy.precision, Float8Precision) and fabric.strategy.precision.recipe == "rowwise"
+    refused = ["16-mixed"] + (["bnb-nf4"] if _installed("fabric_bnb") and _installed("bitsandbytes") else [])
+    for name in refused:
+        with pytest.raises(ValueError, match=rf"does not support `Fabric\(\.\.\., precision='{name}'\)`"):
+            Fabric(accelerator="cpu", devices=2, strategy=fabric_fsdp.ModelParallelStrategy(_no_sharding), precision=name)
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None

@@ -66,6 +66,19 @@ def mesh_sizes(data_parallel: int | str, tensor_parallel: int | str, num_nodes: 
     return dp, tp
 
 
+def _transforms_modules_only(name: str) -> bool:
+    """Whether the precision registered as ``name`` only rewrites modules (its class says so; nothing is built)."""
+    from fabric_core.plugins import get_registry
+
+    entry = get_registry().lookup("precision", name)
+    if entry is None:
+        return False
+    try:
+        return bool(getattr(entry.load(), "transforms_modules_only", False))
+    except ImportError:  # its distribution is broken: refused as an unsupported name
+        return False
+
+
 class ModelParallelStrategy(ShardedStrategy):
     """Tensor parallelism and FSDP2 on a ``(data_parallel, tensor_parallel)`` mesh, applied by ``parallelize_fn``.
 
@@ -156,9 +169,11 @@ class ModelParallelStrategy(ShardedStrategy):
 
     # ---------------------------------------------------------------------------------------- precision
     def precision_for(self, precision: str, accelerator: Accelerator) -> Precision | None:
-        """The registered precision of a supported name (``parallelize_fn`` sets any FSDP mixed-precision policy);
-        other names are refused, as the reference refuses them."""
-        if precision not in SUPPORTED_PRECISIONS:
+        """The registered precision of a supported name (``parallelize_fn`` sets any FSDP mixed-precision policy),
+        or of a precision that only rewrites modules (``transforms_modules_only``, e.g. float8 training: it converts
+        the Linear layers before ``parallelize_fn`` shards them); other names are refused, as the reference refuses
+        them."""
+        if precision not in SUPPORTED_PRECISIONS and not _transforms_modules_only(precision):
             raise ValueError(
                 f"The `ModelParallelStrategy` does not support `Fabric(..., precision={precision!r})`. Choose one of:"
                 f" {', '.join(repr(p) for p in SUPPORTED_PRECISIONS)}."
