@@ -1,5 +1,6 @@
-"""fabric-bnb under real 2-process DDP (gloo, ranks started as torchrun starts them): NF4 + LoRA and int8 training
-stay in sync, reduce the loss, and a quantized checkpoint saved by DDP loads back bit-exactly on every rank."""
+"""fabric-bnb under real 2-process DDP (gloo, ranks started as torchrun starts them): frozen NF4 or LLM.int8 base
+weights with trainable LoRA adapters, and int8 training, stay in sync, reduce the loss, and a quantized checkpoint
+saved by DDP loads back bit-exactly on every rank."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ SCRIPT = textwrap.dedent(
         torch.manual_seed(0)  # the same pretrained base on every rank
         with fabric.init_module():
             model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 8))
-        if mode == "nf4":
+        if mode in ("nf4", "int8"):  # frozen quantized base weights: train adapters beside them
             model[0], model[2] = LoRA(model[0]), LoRA(model[2])
         trainable = [p for p in model.parameters() if p.requires_grad]
         return fabric.setup(model, bnb.optim.AdamW8bit(trainable, lr=3e-2, min_8bit_size=16))
@@ -49,6 +50,7 @@ SCRIPT = textwrap.dedent(
     fabric = Fabric(accelerator="cpu", strategy="ddp", devices=2, precision="bnb-" + mode)
     fabric.launch()
     model, optimizer = build(fabric)
+    base_before = {k: v.clone() for k, v in model.state_dict().items() if k.endswith("base.weight")}
     g = torch.Generator().manual_seed(100 + fabric.global_rank)  # each rank its own data
     x = torch.randn(64, 32, generator=g)
     y = (x[:, :8] * 2).sin()
@@ -61,7 +63,7 @@ SCRIPT = textwrap.dedent(
         losses.append(loss.item())
     trainable = torch.cat([p.detach().float().flatten() for p in model.parameters() if p.requires_grad])
     gathered = fabric.all_gather(trainable)
-    base = model.module[0].base.weight if mode == "nf4" else model.module[0].weight
+    base = model.module[0].base.weight if mode in ("nf4", "int8") else model.module[0].weight
     bases = fabric.all_gather(base.detach().float().flatten())
     fabric.save(folder + "/ckpt.pt", {"model": model, "optimizer": optimizer})
     saved = {k: v.clone() for k, v in model.state_dict().items()}
@@ -77,6 +79,7 @@ SCRIPT = textwrap.dedent(
         "in_sync": bool(torch.equal(gathered[0], gathered[1])),
         "bases_equal": bool(torch.equal(bases[0], bases[1])),
         "exact": exact,
+        "frozen": bool(base_before) and all(torch.equal(v, model.state_dict()[k]) for k, v in base_before.items()),
         "layers": layers,
     }))
     """
@@ -84,7 +87,9 @@ SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize(("mode", "layer"), [("nf4", "NF4Linear"), ("int8-training", "Int8TrainingLinear")])
+@pytest.mark.parametrize(
+    ("mode", "layer"), [("nf4", "NF4Linear"), ("int8", "Int8InferenceLinear"), ("int8-training", "Int8TrainingLinear")]
+)
 def test_ddp_two_processes(tmp_path, mode, layer):
     script = tmp_path / "bnb_ddp.py"
     script.write_text(SCRIPT)
@@ -95,4 +100,5 @@ def test_ddp_two_processes(tmp_path, mode, layer):
         assert result["layers"] == [layer] * 3
         assert result["in_sync"] and result["bases_equal"], result
         assert result["exact"], result
+        assert result["frozen"] is (mode != "int8-training"), result  # quantized bases do not move; adapters train
         assert result["last"] < 0.8 * result["first"], result
