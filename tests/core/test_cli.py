@@ -18,6 +18,7 @@ import pytest
 from fabric_core.accelerators.cpu import CPUAccelerator
 from fabric_core.cli import collect_plugins, format_table, main
 from fabric_core.plugins import FabricPluginWarning, build_registry, hookimpl
+from fabric_core.precision.full import FullPrecision
 
 
 def _rows(table: str) -> dict[tuple[str, str], list[str]]:
@@ -126,6 +127,7 @@ def test_plugins_json_and_python_dash_m(plugin_sites):
         "description",
         "status",
         "error",
+        "reason",
     }
     assert (example["distribution"], example["version"], example["status"]) == (
         "fabric-example-plugin",
@@ -182,6 +184,34 @@ def test_check_reports_availability_and_import_errors(monkeypatch):
     rows = _rows(format_table(report))
     assert rows[("strategy", "missing_module")][5].startswith("error: ModuleNotFoundError")
     assert rows[("accelerator", "never_here")][5] == "unavailable"
+
+
+class _NeedsAPackage(FullPrecision):
+    @classmethod
+    def unavailable_reason(cls):
+        return "needs the `no_such_package` package: `pip install no-such-package`"
+
+
+class _PrecisionPlugin:
+    @hookimpl
+    def fabric_register_precisions(self, registrar):
+        registrar.add("needs_package", _NeedsAPackage, description="a precision whose library is absent")
+
+
+def test_check_says_what_an_unavailable_precision_lacks(monkeypatch):
+    """A precision class answering `unavailable_reason()` is listed as unavailable with that reason (an install line),
+    not as available and not as broken; the others stay available."""
+    monkeypatch.setenv("FABRIC_DISABLE_PLUGIN_AUTOLOAD", "1")
+    registry = build_registry(extra_plugins=(_PrecisionPlugin(),))
+    report = collect_plugins(registry, check=True, kinds=["precision"])
+    entries = {e["name"]: e for e in report["entries"]}
+    missing = entries["needs_package"]
+    assert (missing["status"], missing["error"]) == ("unavailable", None)
+    assert missing["reason"] == "needs the `no_such_package` package: `pip install no-such-package`"
+    assert (entries["32-true"]["status"], entries["32-true"]["reason"]) == ("available", None)
+    rows = _rows(format_table(report))
+    assert rows[("precision", "needs_package")][5] == f"unavailable: {missing['reason']}"
+    assert collect_plugins(registry, kinds=["precision"])["entries"][0]["status"] == "not checked"
 
 
 def test_table_of_a_registry_with_a_conflict(monkeypatch):

@@ -36,7 +36,8 @@ def _core_version() -> str | None:
 
 
 def _entry_status(entry: Entry) -> tuple[str, str | None]:
-    """Import ``entry``'s target (and, for an accelerator, ask ``is_available()``): (status, error)."""
+    """Import ``entry``'s target (and, for an accelerator, ask ``is_available()``; for a class with
+    ``unavailable_reason()``, ask it): (status, error or the reason it is unavailable)."""
     try:
         cls = entry.load()
     except Exception as err:
@@ -47,6 +48,14 @@ def _entry_status(entry: Entry) -> tuple[str, str | None]:
             return ("available" if cls.is_available() else "unavailable"), None
         except Exception as err:
             return "error", f"is_available() raised {type(err).__name__}: {err}"
+    reason = getattr(cls, "unavailable_reason", None)  # precisions: a package or device this machine lacks
+    if callable(reason):
+        try:
+            why = reason()
+        except Exception as err:
+            return "error", f"unavailable_reason() raised {type(err).__name__}: {err}"
+        if why:
+            return "unavailable", str(why)
     return "available", None
 
 
@@ -65,6 +74,7 @@ def collect_plugins(
     for kind in kinds or KINDS:
         for entry in registry.entries(kind):
             status, error = _entry_status(entry) if check else (NOT_CHECKED, None)
+            reason = error if status == "unavailable" else None  # what is missing here (not an error)
             entries.append(
                 {
                     "kind": kind,
@@ -75,7 +85,8 @@ def collect_plugins(
                     "target": entry.target if isinstance(entry.target, str) else _qualname(entry.target),
                     "description": entry.description,
                     "status": status,
-                    "error": error,
+                    "error": None if reason else error,
+                    "reason": reason,
                 }
             )
     conflicts = [
@@ -184,7 +195,7 @@ def format_table(report: dict[str, Any]) -> str:
             ",".join(e["aliases"]) or "-",
             e["distribution"],
             e["version"] or "-",
-            e["status"] if e["error"] is None else f"error: {e['error']}",
+            f"error: {e['error']}" if e["error"] else f"{e['status']}: {e['reason']}" if e.get("reason") else e["status"],
             e["description"],
         )
         for e in report["entries"]

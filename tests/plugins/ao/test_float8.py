@@ -3,6 +3,8 @@ the Transformer Engine names."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import subprocess
 import sys
 
@@ -175,3 +177,33 @@ def _installed(module: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(module) is not None
+
+
+def _checked_precisions(hide: str | None = None) -> dict[str, dict]:
+    """`fabric plugins --check --kind precision` as data, in a fresh process (optionally without a package)."""
+    code = (
+        "import json, sys\n"
+        + (f"sys.modules[{hide!r}] = None\n" if hide else "")
+        + "from fabric_core.cli import collect_plugins\n"
+        "from fabric_core.plugins import get_registry\n"
+        "print(json.dumps(collect_plugins(get_registry(), check=True, kinds=['precision'])['entries']))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return {e["name"]: e for e in json.loads(out.stdout.strip().splitlines()[-1])}
+
+
+def test_plugins_check_says_what_transformer_engine_and_float8_lack():
+    entries = _checked_precisions()
+    for name in ("transformer-engine", "transformer-engine-float16"):
+        entry = entries[name]
+        if importlib.util.find_spec("transformer_engine") is None:
+            assert entry["status"] == "unavailable" and entry["error"] is None, entry
+            assert 'pip install --no-build-isolation "transformer_engine[pytorch]"' in entry["reason"], entry
+        elif not torch.cuda.is_available():
+            assert entry["status"] == "unavailable" and "needs a CUDA GPU" in entry["reason"], entry
+        else:
+            assert entry["status"] == "available", entry
+    assert entries["float8"]["status"] == "available" and entries["float8"]["reason"] is None
+    without = _checked_precisions(hide="torchao")["float8-rowwise"]
+    assert without["status"] == "unavailable" and 'pip install "torchao==0.18.0"' in without["reason"], without

@@ -33,6 +33,13 @@ class Precision:
     #: compete over the model's dtypes (docs/decisions.md, "Module-transforming precisions").
     transforms_modules_only: bool = False
 
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """Why this precision cannot run on this machine (a missing package or device, and how to get it), or
+        ``None``. Cheap and import-free where possible: ``fabric plugins --check`` shows it as ``unavailable: ...``
+        (as a reserved name whose distribution is absent shows its install line). Default: ``None``."""
+        return None
+
     def configure(self, device_type: str) -> None:
         """Told once which device type the run uses (autocast needs it). Default: nothing to do."""
 

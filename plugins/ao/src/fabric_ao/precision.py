@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -61,6 +62,13 @@ class Float8Precision(Precision):
 
     precision = "float8"
     transforms_modules_only = True
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """``fabric plugins --check``: torchao missing, with the install line (nothing imported)."""
+        if importlib.util.find_spec("torchao") is None:
+            return f'needs the `torchao` package: `pip install "{TORCHAO_REQUIREMENT}"`'
+        return None
 
     def __init__(
         self,

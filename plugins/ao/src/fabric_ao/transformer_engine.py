@@ -8,6 +8,7 @@ follow Transformer Engine's documented API; they run only on such a GPU (the GPU
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any
 
@@ -51,6 +52,15 @@ class TransformerEnginePrecision(Precision):
     """
 
     precision = "transformer-engine"
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """What this machine lacks for Transformer Engine (``fabric plugins --check`` shows it); nothing imported."""
+        if importlib.util.find_spec("transformer_engine") is None:
+            return f"needs the `transformer_engine` package (CUDA GPUs only): `{TE_INSTALL}`"
+        if not torch.cuda.is_available():
+            return "needs a CUDA GPU (Transformer Engine has no CPU kernels); `precision='float8'` runs here"
+        return None
 
     def __init__(
         self,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
@@ -52,6 +53,13 @@ class BitsandbytesPrecision(Precision):
         ignore_modules: names of submodules (as in ``named_modules()``) whose Linear layers stay unquantized;
             only for models set up with ``fabric.setup`` (``init_module`` cannot know the names).
     """
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """``fabric plugins --check``: bitsandbytes missing, with the install line (nothing imported)."""
+        if importlib.util.find_spec("bitsandbytes") is None:
+            return f'needs the `bitsandbytes` package: `pip install "{BNB_REQUIREMENT}"`'
+        return None
 
     def __init__(
         self,
