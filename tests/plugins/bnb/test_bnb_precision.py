@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 import warnings
@@ -289,3 +290,23 @@ def test_alias_of_the_llm_library_spelling():
         warnings.simplefilter("error")  # a silent alias
         fabric = Fabric(accelerator="cpu", precision="bnb.nf4")
     assert fabric.strategy.precision.mode == "nf4"
+
+
+def _keep(model, mesh):
+    return model
+
+
+def test_sharding_strategies_refuse_quantized_models_up_front():
+    """FSDP and model_parallel would shard bitsandbytes' packed weights: refused when the Fabric is created, by name
+    and as a plugin object; DDP (whole replicas) takes them."""
+    fabric_fsdp = pytest.importorskip("fabric_fsdp", reason="the sharding strategies come from fabric-fsdp")
+    with pytest.raises(TypeError, match="can only work with the `FSDPPrecision` plugin"):
+        Fabric(accelerator="cpu", devices=2, strategy="fsdp", plugins=BitsandbytesPrecision("nf4"))
+    with pytest.raises(TypeError, match=r"`ModelParallelStrategy` cannot run BitsandbytesPrecision\(mode='int8'"):
+        Fabric(
+            accelerator="cpu", devices=2, strategy=fabric_fsdp.ModelParallelStrategy(_keep), plugins=BitsandbytesPrecision("int8")
+        )
+    with pytest.raises(ValueError, match=r"does not support `Fabric\(\.\.\., precision='bnb-nf4'\)`"):
+        Fabric(accelerator="cpu", devices=2, strategy=fabric_fsdp.ModelParallelStrategy(_keep), precision="bnb-nf4")
+    if importlib.util.find_spec("fabric_ddp") is not None:
+        assert isinstance(Fabric(accelerator="cpu", devices=2, strategy="ddp", precision="bnb-nf4").strategy.precision, BitsandbytesPrecision)

@@ -180,6 +180,19 @@ class ModelParallelStrategy(ShardedStrategy):
             )
         return None
 
+    def check_precision(self, precision: Precision | None) -> None:
+        """A precision object passed as a plugin: one of the names the strategy runs, or one that only transforms
+        modules; a precision that quantizes or packs the weights (bitsandbytes) is refused before anything runs,
+        since ``parallelize_fn`` would shard what it packed."""
+        if precision is None or precision.precision in SUPPORTED_PRECISIONS or precision.transforms_modules_only:
+            return
+        raise TypeError(
+            f"The `ModelParallelStrategy` cannot run {precision!r}: `parallelize_fn` shards the parameters it made,"
+            " and it neither is one of the precisions the strategy runs"
+            f" ({', '.join(repr(p) for p in SUPPORTED_PRECISIONS)}) nor only transforms modules (as float8 training"
+            " does). Use one of those, or a strategy that keeps whole replicas (`ddp`) for quantized models."
+        )
+
     # ---------------------------------------------------------------------------------------- setup
     def setup_module(self, module: Module) -> Module:
         """``parallelize_fn(module, device_mesh)``, then the meta parameters materialised and what it left whole
