@@ -255,9 +255,15 @@ def test_missing_bitsandbytes_gives_the_pip_line():
         "    Fabric(accelerator='cpu', precision='bnb-nf4')\n"
         "except Exception as err:\n"
         "    print(type(err).__name__, err)\n"
+        "from fabric_core.cli import collect_plugins\n"
+        "from fabric_core.plugins import get_registry\n"
+        "rows = collect_plugins(get_registry(), check=True, kinds=['precision'])['entries']\n"
+        "print('LISTED', *next((e['status'], e['reason']) for e in rows if e['name'] == 'bnb-nf4'))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert 'pip install "bitsandbytes==0.50.2"' in out.stdout, out.stdout + out.stderr
+    # `fabric plugins --check` says the same instead of "available"
+    assert 'LISTED unavailable needs the `bitsandbytes` package: `pip install "bitsandbytes==0.50.2"`' in out.stdout, out.stdout
 
 
 def test_fsdp_refuses_a_quantized_model_up_front():
