@@ -16,6 +16,11 @@ reason; a strategy without a launcher runs as one process driving every device.
 Several nodes: run the same command on each with ``--num-nodes``, its own ``--node-rank`` and the address and
 port of node 0 (``--main-address``/``--main-port``).
 
+Other launchers: ``--launcher NAME`` hands the job to a launcher a plugin registered with ``runs_scripts = True``
+(:meth:`fabric_core.launchers.base.Launcher.run_script`), which starts every node's processes from this one command
+(on a cluster scheduler, for example) and takes its own options as ``--NAME-KEY VALUE`` before SCRIPT. The core
+names no such launcher; without ``--launcher`` (or with ``--launcher torchrun``) nothing changes.
+
 Usage errors print ``fabric run: error: ...`` and exit with status 2; ``--help`` prints the options and exits 0.
 This module imports torch only when a run really starts.
 """
@@ -69,6 +74,7 @@ OPTIONS = (
     _Option("main_port", ("--main-port", "--main_port"), f"a free port on node 0 (default: {DEFAULT_MAIN_PORT})", DEFAULT_MAIN_PORT, int),
     _Option("precision", ("--precision",), "the precision (default: what the script's Fabric(...) says, else 32-true)", fabric_setting=True),
     _Option("hang_timeout", ("--hang-timeout", "--hang_timeout"), "end the job when a rank makes no progress for this many seconds, naming it and its line (FABRIC_HANG_TIMEOUT; default: off)", None, float, before_script=True),
+    _Option("launcher", ("--launcher",), "who starts the processes: torchrun (default: torch's elastic launcher, run on every node) or a registered script launcher that starts the whole job from here (`fabric plugins --kind launcher`); its own options are --NAME-KEY VALUE, before SCRIPT", None, before_script=True),
     _Option("module", ("-m", "--module"), "treat SCRIPT as a module name and run it like `python -m MODULE` (before SCRIPT)", False, bool, False, before_script=True),
 )  # fmt: skip
 #: torchrun's restart, rendezvous and logging options, passed on unchanged (only before SCRIPT, as with torchrun), in
@@ -112,6 +118,8 @@ RunArgs = make_dataclass(
         ("script", str, field(default="")),
         ("script_args", list, field(default_factory=list)),
         *((option.dest, option.type, field(default=option.default)) for option in ALL_OPTIONS),
+        # the script launcher's own options (``--NAME-KEY VALUE`` with ``--launcher NAME``): {"key": "VALUE"}
+        ("launcher_options", dict, field(default_factory=dict)),
     ],
 )
 RunArgs.__module__ = __name__
@@ -145,6 +153,7 @@ def parse_run_args(argv: Sequence[str]) -> RunArgs:
     """Parse ``fabric run``'s command line: Fabric's options anywhere, the rest after SCRIPT to the script."""
     args = RunArgs()
     tokens = list(argv)
+    unknown: list[tuple[str, str]] = []  # options before SCRIPT that may be the script launcher's (--NAME-KEY VALUE)
     i = 0
     while i < len(tokens):
         token = tokens[i]
@@ -179,11 +188,27 @@ def parse_run_args(argv: Sequence[str]) -> RunArgs:
                 raise CLIError(f"option {flag}: invalid {option.type.__name__} value {value!r}.") from None
             continue
         if not args.script:
+            if token.startswith("--") and len(token) > 2:
+                if has_inline:
+                    unknown.append((flag, inline))
+                elif i < len(tokens):
+                    unknown.append((flag, tokens[i]))
+                    i += 1
+                else:
+                    unknown.append((flag, ""))
+                continue
             if token.startswith("-") and token != "-":
                 raise CLIError(f"unknown option {token!r} before SCRIPT (options for the script go after it).")
             args.script = token
         else:
             args.script_args.append(token)
+    for flag, value in unknown:  # known only now: `--launcher NAME` may come after the launcher's own options
+        prefix = f"--{args.launcher}-" if args.launcher else None
+        if prefix is None or not flag.startswith(prefix) or len(flag) == len(prefix):
+            raise CLIError(f"unknown option {flag!r} before SCRIPT (options for the script go after it).")
+        if not value:
+            raise CLIError(f"option {flag} needs a value.")
+        args.launcher_options[flag[len(prefix) :].replace("-", "_")] = value
     if not args.script:
         raise CLIError("missing SCRIPT: the script (or, with -m, the module) to run.")
     return args
@@ -288,6 +313,54 @@ def check_elastic(args: RunArgs) -> None:
         )
 
 
+#: ``--launcher`` default: torch's elastic agent, started on every node by the user (the code below this table).
+DEFAULT_LAUNCHER = "torchrun"
+#: Options that only torchrun understands, or that place one node: a script launcher places every node itself.
+_NODE_LOCAL = ("node_rank", "main_address", "main_port")
+
+
+def script_launcher(args: RunArgs) -> type | None:
+    """The class of the script launcher ``--launcher`` names, ``None`` for torchrun.
+
+    The core knows no launcher but torchrun: any plugin may register a ``launcher`` whose class has
+    ``runs_scripts = True`` (:meth:`~fabric_core.launchers.base.Launcher.run_script`), so ``fabric run`` can start a
+    job on a cluster scheduler from one command; its options arrive as ``--NAME-KEY VALUE``.
+    """
+    name = args.launcher
+    if name is None or name.lower() == DEFAULT_LAUNCHER:
+        if args.launcher_options:
+            raise CLIError(f"torchrun takes no --{name}-... options; its own are listed by `fabric run --help`.")
+        return None
+    registry = _registry()
+    entry = registry.lookup("launcher", name)
+    cls = _load_quietly(entry)
+    if cls is None or not getattr(cls, "runs_scripts", False):
+        valid = [DEFAULT_LAUNCHER, *(n for n in registry.names("launcher") if getattr(_load_quietly(registry.lookup("launcher", n)), "runs_scripts", False))]
+        why = "runs a function in processes of its own, not a script" if cls is not None else "is not registered"
+        message = f"--launcher {name!r} {why}. `fabric run --launcher` takes: {', '.join(valid)}."
+        dist = registry.distribution_for("launcher", name)
+        if cls is None and dist is not None:
+            message += f" {registry.install_hint(dist)}"
+        raise CLIError(message)
+    given = [_BY_DEST[dest].flags[0] for dest in _NODE_LOCAL if getattr(args, dest) != _BY_DEST[dest].default]
+    given += [o.flags[0] for o in ELASTIC_OPTIONS if o.dest not in ("max_restarts", "monitor_interval") and getattr(args, o.dest) != o.default]
+    if given:
+        raise CLIError(
+            f"{', '.join(given)}: torchrun's options, but --launcher {name!r} starts every node from this one command"
+            " (no per-node settings). Drop them; the launcher's own options are --" + name.lower() + "-KEY VALUE."
+        )
+    return cls
+
+
+def _load_quietly(entry: Any) -> type | None:
+    if entry is None:
+        return None
+    try:
+        return entry.load()
+    except Exception:  # a broken plugin's launcher is simply not offered (`fabric plugins` reports why)
+        return None
+
+
 def _static_rendezvous(args: Any) -> bool:
     return not args.standalone and args.rdzv_backend in (None, "static")
 
@@ -347,10 +420,26 @@ def run_main(args: RunArgs) -> int:
         _check_installed("precision", args.precision)
         _check_installed("accelerator", args.accelerator)
         nprocs, devices = processes_per_node(args.accelerator, args.strategy, args.devices, args.num_nodes)
+        launcher = script_launcher(args)
     except CLIError as err:
         print(f"usage: {USAGE}\nfabric run: error: {err}", file=sys.stderr)
         return 2
-    prepare_environment(args, nprocs, devices)
+    environment = prepare_environment(args, nprocs, devices)
+    if launcher is not None:
+        from fabric_core.launchers.base import ScriptRequest
+
+        environment.setdefault("OMP_NUM_THREADS", os.environ["OMP_NUM_THREADS"])
+        request = ScriptRequest(
+            script=args.script,
+            script_args=list(args.script_args),
+            module=args.module,
+            processes_per_node=nprocs,
+            num_nodes=args.num_nodes,
+            max_restarts=args.max_restarts,
+            environment=environment,
+            options=dict(args.launcher_options),
+        )
+        return int(launcher.run_script(request))
 
     import tempfile
 

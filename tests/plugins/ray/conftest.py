@@ -137,10 +137,18 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster
                     kill_session(job.pid)
         wait_until(lambda: not cluster_processes(tmpdir), 40, 0.5)
         left = cluster_processes(tmpdir) + [p for j in (worker, head) if j is not None for p in session_processes(j.pid)]
+        described = {pid: _command_line(pid) for pid in sorted(set(left))}
         for pid in left:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         shutil.rmtree(tmpdir, ignore_errors=True)
-        assert not left, f"Ray processes left behind by the test cluster (killed now): {sorted(set(left))}"
+        assert not left, f"Ray processes left behind by the test cluster (killed now): {described}"
+
+
+def _command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:300]
+    except OSError:
+        return "?"

@@ -1,5 +1,5 @@
 """Launchers: how the processes of a multi-process run are started."""
 
-from fabric_core.launchers.base import Launcher
+from fabric_core.launchers.base import Launcher, ScriptRequest
 
-__all__ = ["Launcher"]
+__all__ = ["Launcher", "ScriptRequest"]

@@ -68,7 +68,7 @@ FIRST_PARTY: dict[str, dict[str, tuple[str, ...]]] = {
     "fabric-wandb": {"logger": ("wandb",)},
     "fabric-mlflow": {"logger": ("mlflow",)},
     "fabric-ft": {"strategy": ("ft_ddp", "ft_*")},
-    "fabric-ray": {"environment": ("ray",), "logger": ("ray",)},
+    "fabric-ray": {"environment": ("ray",), "logger": ("ray",), "launcher": ("ray",)},
     "fabric-bnb": {
         "precision": tuple(f"bnb{sep}{mode}" for sep in "-." for mode in _BNB_MODES) + ("bnb-*", "bnb.*")
     },

@@ -26,6 +26,15 @@ def fabric_register_environments(registrar: Registrar) -> None:
 
 
 @hookimpl
+def fabric_register_launchers(registrar: Registrar) -> None:
+    registrar.add(
+        "ray",
+        _PACKAGE + "launcher:RayLauncher",
+        description="fabric run --launcher ray: the whole job on a Ray cluster (placement group, one worker per device)",
+    )
+
+
+@hookimpl
 def fabric_register_loggers(registrar: Registrar) -> None:
     registrar.add(
         "ray", _PACKAGE + "logger:RayTrainLogger", description="ray.train.report: metrics, checkpoints, restarts"

@@ -1,0 +1,452 @@
+"""``fabric run --launcher ray``: a whole Fabric job on a Ray cluster from one command, no SSH, no per-node command.
+
+The driver (the ``fabric run`` process) connects to the cluster (``--ray-address HOST:PORT`` or ``RAY_ADDRESS``),
+reserves one bundle per node in a placement group (``STRICT_SPREAD``: every node on a different Ray node; ``--devices``
+CPUs, or GPUs with ``--accelerator cuda/gpu``, per bundle), starts one small actor per process in its node's bundle,
+and each actor runs the script as a child process with the variables torchrun would give it (``RANK``,
+``LOCAL_RANK``, ``WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``/``MASTER_PORT`` of rank 0's node,
+``TORCHELASTIC_RUN_ID``...) plus ``fabric run``'s ``FABRIC_*`` settings. So ``Fabric(...)`` in the script joins exactly
+as under ``fabric run`` with torchrun (its torchelastic environment): a script runs unchanged under either.
+
+The driver streams every rank's output prefixed with ``[rank R]``; when a rank fails it stops the others (SIGTERM, then
+SIGKILL), prints the first failure with that rank's own error (:mod:`fabric_core.runtime.failures`) and exits with its
+code; ``--max-restarts N`` runs the whole job again up to N times on fresh actors (``TORCHELASTIC_RESTART_COUNT`` says
+which attempt). Bad input fails fast: an address nobody listens on is refused within seconds, a placement the cluster
+cannot hold names its nodes, and one it cannot hold *now* waits ``--ray-placement-timeout`` seconds (default 60).
+
+The launcher's options (``--ray-KEY VALUE`` before SCRIPT): ``address``, ``placement_timeout``, ``node_ip`` (this
+machine's address as the cluster sees it, needed only when it has several; for a loopback address it is that
+address). ``ray`` is imported only when a job starts.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from fabric_core.launchers.base import Launcher, ScriptRequest
+from fabric_core.runtime import failures
+
+#: Seconds a TCP connection to the cluster's address may take before the cluster counts as unreachable.
+CONNECT_TIMEOUT_S = 5.0
+DEFAULT_PLACEMENT_TIMEOUT_S = 60.0
+#: Seconds between two collections of the workers' output; a failure is noticed within this.
+POLL_S = 0.2
+#: Seconds the other ranks get to end after SIGTERM before SIGKILL.
+STOP_GRACE_S = 5.0
+OPTIONS = ("address", "placement_timeout", "node_ip")
+#: Set in every process: the address of the Ray node it runs on (for the script's own logs).
+NODE_IP_VARIABLE = "FABRIC_RAY_NODE_IP"
+
+
+class LaunchError(RuntimeError):
+    """The job cannot start (no cluster, a placement the cluster cannot hold, a bad option); the message says why."""
+
+
+class RayLauncher(Launcher):
+    """Run a script on every process of a job placed on a Ray cluster (``fabric run --launcher ray``)."""
+
+    runs_scripts = True
+
+    def launch(self, function: Any, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(
+            "The 'ray' launcher runs scripts: start the script with `fabric run --launcher ray --devices N"
+            " --num-nodes M script.py` (Fabric(...) in it joins by itself, no fabric.launch() needed), or run"
+            " `fabric.launch(fn)` inside Ray Train's `TorchTrainer` (plugins/ray/README.md)."
+        )
+
+    @classmethod
+    def run_script(cls, request: ScriptRequest) -> int:
+        try:
+            job = _Job(request)
+        except LaunchError as err:
+            print(f"fabric run --launcher ray: error: {err}", file=sys.stderr, flush=True)
+            return 2
+        return job.run()
+
+
+# --------------------------------------------------------------------------------------------------- the driver
+def _options(request: ScriptRequest) -> tuple[str | None, float, str | None]:
+    unknown = sorted(set(request.options) - set(OPTIONS))
+    if unknown:
+        raise LaunchError(
+            f"unknown option(s) {', '.join('--ray-' + k.replace('_', '-') for k in unknown)}; the ray launcher takes"
+            f" {', '.join('--ray-' + k.replace('_', '-') for k in OPTIONS)}."
+        )
+    address = request.options.get("address") or os.environ.get("RAY_ADDRESS") or None
+    try:
+        timeout = float(request.options.get("placement_timeout", DEFAULT_PLACEMENT_TIMEOUT_S))
+    except ValueError:
+        raise LaunchError(f"--ray-placement-timeout takes seconds, got {request.options['placement_timeout']!r}.") from None
+    node_ip = request.options.get("node_ip")
+    if node_ip is None and address:
+        host = _host_port(address)[0]
+        if host and _is_loopback(host):
+            node_ip = host  # a cluster on loopback: this driver is one of its machines, seen at that address
+    return address, timeout, node_ip
+
+
+def _host_port(address: str) -> tuple[str | None, int | None]:
+    rest = address.split("://", 1)[-1]
+    host, _, port = rest.rpartition(":")
+    if not host or not port.isdigit():
+        return None, None
+    return host.strip("[]"), int(port)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def check_reachable(address: str) -> None:
+    """Refuse within seconds an address nobody listens on (Ray itself retries for a minute or more)."""
+    host, port = _host_port(address)
+    if host is None or port is None:
+        if address == "auto":
+            return  # Ray looks for a cluster started on this machine, and says quickly when there is none
+        raise LaunchError(f"the Ray address {address!r} is not HOST:PORT (or ray://HOST:PORT, or 'auto').")
+    try:
+        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except OSError as err:
+        raise LaunchError(
+            f"cannot reach the Ray cluster at {address!r} ({err.strerror or err} within {CONNECT_TIMEOUT_S:g} s)."
+            " Start one (`ray start --head`) or give the head node's address: `--ray-address HOST:PORT` or"
+            " RAY_ADDRESS=HOST:PORT."
+        ) from None
+
+
+@dataclass
+class _Rank:
+    rank: int
+    node: int
+    local: int
+    actor: Any = None
+    pid: int | None = None
+    exit: tuple[int, Any, bool] | None = None  # (code, recorded error, stopped by us)
+    output_open: bool = True
+
+
+@dataclass
+class _Job:
+    request: ScriptRequest
+    address: str | None = None
+    timeout: float = DEFAULT_PLACEMENT_TIMEOUT_S
+    node_ip: str | None = None
+    gpu: bool = False
+    group: Any = None
+    ranks: list[_Rank] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.address, self.timeout, self.node_ip = _options(self.request)
+        if self.address:
+            check_reachable(self.address)
+        accelerator = self.request.environment.get("FABRIC_ACCELERATOR", "cpu").lower()
+        self.gpu = accelerator in ("cuda", "gpu")
+
+    # ---------------------------------------------------------------------------------------------- lifecycle
+    def run(self) -> int:
+        import ray
+
+        try:
+            ray.init(
+                address=self.address,
+                _node_ip_address=self.node_ip,
+                logging_level="ERROR",
+                log_to_driver=False,  # every rank's output comes through this driver, prefixed with the rank
+                configure_logging=False,
+            )
+        except Exception as err:
+            print(f"fabric run --launcher ray: error: cannot connect to Ray at {self.address or 'auto'!r}: {err}", file=sys.stderr, flush=True)
+            return 2
+        try:
+            try:
+                self._place()
+            except LaunchError as err:
+                print(f"fabric run --launcher ray: error: {err}", file=sys.stderr, flush=True)
+                return 2
+            attempt = 0
+            while True:
+                code = self._attempt(attempt)
+                if code == 0 or attempt >= self.request.max_restarts:
+                    return code
+                attempt += 1
+                print(
+                    f"[fabric] restarting all {len(self.ranks)} workers (restart {attempt} of"
+                    f" {self.request.max_restarts})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        except KeyboardInterrupt:
+            self._stop_all()
+            return 130
+        finally:
+            self._release()
+            ray.shutdown()
+
+    def _place(self) -> None:
+        """One bundle per node, each on a different Ray node, with room for that node's processes."""
+        import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+
+        per_node, nodes = self.request.processes_per_node, self.request.num_nodes
+        resource = "GPU" if self.gpu else "CPU"
+        bundle = {resource: float(per_node), **({"CPU": float(per_node)} if self.gpu else {})}
+        alive = [n for n in ray.nodes() if n.get("Alive")]
+        fitting = [n for n in alive if n.get("Resources", {}).get(resource, 0) >= per_node]
+        if len(fitting) < nodes:
+            seen = ", ".join(
+                f"{n.get('NodeManagerAddress')} ({n.get('Resources', {}).get(resource, 0):g} {resource})" for n in alive
+            )
+            raise LaunchError(
+                f"`--num-nodes {nodes} --devices {per_node}` needs {nodes} Ray node(s) with {per_node} {resource} each"
+                f" (one worker per device, every node on its own Ray node), but the cluster has {len(fitting)} such"
+                f" node(s): {seen or 'none alive'}. Ask for fewer, or add nodes (`ray start --address ...`)."
+            )
+        strategy = "STRICT_SPREAD" if nodes > 1 else "PACK"
+        self.group = placement_group([dict(bundle) for _ in range(nodes)], strategy=strategy)
+        try:
+            ray.get(self.group.ready(), timeout=self.timeout)
+        except ray.exceptions.GetTimeoutError:
+            remove_placement_group(self.group)
+            self.group = None
+            raise LaunchError(
+                f"the cluster could not place {nodes} node(s) x {per_node} {resource} ({strategy}) within"
+                f" {self.timeout:g} s: its nodes are big enough, but busy (other jobs hold their {resource}s)."
+                " Wait for them, or raise --ray-placement-timeout SECONDS."
+            ) from None
+
+    def _attempt(self, attempt: int) -> int:
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        per_node, nodes = self.request.processes_per_node, self.request.num_nodes
+        worker = ray.remote(_Worker)
+        self.ranks = []
+        for node in range(nodes):
+            for local in range(per_node):
+                options: dict[str, Any] = {
+                    "num_cpus": 0 if self.gpu else 1,
+                    "num_gpus": 1 if self.gpu else 0,
+                    "scheduling_strategy": PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=node),
+                }
+                rank = _Rank(node * per_node + local, node, local)
+                rank.actor = worker.options(**options).remote()
+                self.ranks.append(rank)
+        info = ray.get([r.actor.describe.remote() for r in self.ranks], timeout=300)
+        master_addr, master_port = info[0]["ip"], ray.get(self.ranks[0].actor.free_port.remote(), timeout=60)
+        gpus_by_node: dict[int, list[str]] = {}
+        for rank, found in zip(self.ranks, info):
+            gpus_by_node.setdefault(rank.node, []).extend(found["gpus"])
+        run_id = uuid.uuid4().hex[:12]
+        world = per_node * nodes
+        starts = []
+        for rank, found in zip(self.ranks, info):
+            env = {
+                **self.request.environment,
+                "RANK": str(rank.rank),
+                "LOCAL_RANK": str(rank.local),
+                "WORLD_SIZE": str(world),
+                "LOCAL_WORLD_SIZE": str(per_node),
+                "GROUP_RANK": str(rank.node),
+                "GROUP_WORLD_SIZE": str(nodes),
+                "ROLE_RANK": str(rank.rank),
+                "ROLE_WORLD_SIZE": str(world),
+                "ROLE_NAME": "default",
+                "MASTER_ADDR": master_addr,
+                "MASTER_PORT": str(master_port),
+                "TORCHELASTIC_RUN_ID": run_id,
+                "TORCHELASTIC_RESTART_COUNT": str(attempt),
+                "TORCHELASTIC_MAX_RESTARTS": str(self.request.max_restarts),
+                NODE_IP_VARIABLE: found["ip"],
+            }
+            if self.gpu:  # every local rank sees its node's GPUs, in local-rank order, as under torchrun
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus_by_node[rank.node])
+            starts.append(rank.actor.start.remote(self._command(), env, os.getcwd()))
+        for rank, pid in zip(self.ranks, ray.get(starts, timeout=120)):
+            rank.pid = pid
+        return self._watch()
+
+    def _command(self) -> list[str]:
+        target = ["-m", self.request.script] if self.request.module else [os.path.abspath(self.request.script)]
+        return [*target, *self.request.script_args]
+
+    def _watch(self) -> int:
+        """Stream output until every rank ended; stop the others at the first failure; return the job's code."""
+        import ray
+
+        stopping = False
+        while any(r.exit is None or r.output_open for r in self.ranks):
+            live = [r for r in self.ranks if r.exit is None or r.output_open]
+            refs = [r.actor.poll.remote() for r in live]
+            for rank, ref in zip(live, refs):
+                try:
+                    lines, ended = ray.get(ref, timeout=120)
+                except Exception as err:  # the actor (its node) died, or the cluster went away
+                    lines, ended = [], (1, failures.RecordedError(f"the Ray worker died: {type(err).__name__}", str(err), time.time_ns()), False)
+                for stream, line in lines:
+                    target = sys.stderr if stream == 2 else sys.stdout
+                    target.write(f"[rank {rank.rank}] {line}")
+                if ended is not None:
+                    rank.exit, rank.output_open = ended, False
+            sys.stdout.flush()
+            sys.stderr.flush()
+            failed = [r for r in self.ranks if r.exit is not None and r.exit[0] != 0]
+            if failed and not stopping:
+                stopping = True
+                for rank in self.ranks:
+                    if rank.exit is None:
+                        rank.actor.stop.remote(STOP_GRACE_S)
+            time.sleep(POLL_S)
+        found = []
+        for rank in self.ranks:
+            code, error, _stopped = rank.exit  # type: ignore[misc]
+            if code != 0:  # those the driver stopped (SIGTERM, no error) are listed last by failures.report
+                label = f"Rank {rank.rank} (node rank {rank.node}, local rank {rank.local})"
+                found.append(failures.RankFailure(label, rank.pid, code, error))
+        self._kill_actors()
+        if not found:
+            return 0
+        sys.stderr.write(failures.report(found))
+        sys.stderr.flush()
+        return failures.job_exit_code(found)
+
+    def _stop_all(self) -> None:
+        for rank in self.ranks:
+            if rank.actor is not None and rank.exit is None:
+                try:
+                    rank.actor.stop.remote(STOP_GRACE_S)
+                except Exception:
+                    pass
+
+    def _kill_actors(self) -> None:
+        import ray
+
+        for rank in self.ranks:
+            if rank.actor is not None:
+                try:
+                    ray.kill(rank.actor)
+                except Exception:
+                    pass
+                rank.actor = None
+
+    def _release(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        if any(r.actor is not None for r in self.ranks):
+            try:  # the children end with their actor's process (PR_SET_PDEATHSIG); give them the grace period
+                ray.get([r.actor.stop.remote(STOP_GRACE_S) for r in self.ranks if r.actor is not None], timeout=STOP_GRACE_S + 10)
+            except Exception:
+                pass
+        self._kill_actors()
+        if self.group is not None:
+            remove_placement_group(self.group)
+            self.group = None
+
+
+# --------------------------------------------------------------------------------------------------- the worker
+class _Worker:
+    """One process of the job: a Ray actor that runs the script as its child and hands its output to the driver."""
+
+    def __init__(self) -> None:
+        self._process: subprocess.Popen[bytes] | None = None
+        self._lines: queue.SimpleQueue[tuple[int, str]] = queue.SimpleQueue()
+        self._readers: list[threading.Thread] = []
+        self._error_file = ""
+        self._stopped = False
+
+    def describe(self) -> dict[str, Any]:
+        import ray
+
+        return {"ip": ray.util.get_node_ip_address(), "gpus": [str(g) for g in ray.get_gpu_ids()], "pid": os.getpid()}
+
+    def free_port(self) -> int:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return int(s.getsockname()[1])
+
+    def start(self, command: list[str], env: dict[str, str], cwd: str) -> int:
+        import tempfile
+
+        self._error_file = os.path.join(tempfile.mkdtemp(prefix="fabric-ray-"), "error.json")
+        environ = {**os.environ, **env, failures.ERROR_FILE_VARIABLE: self._error_file, "PYTHONUNBUFFERED": "1"}
+        self._process = subprocess.Popen(
+            [sys.executable, *command],
+            env=environ,
+            cwd=cwd if os.path.isdir(cwd) else None,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        for number, stream in ((1, self._process.stdout), (2, self._process.stderr)):
+            reader = threading.Thread(target=self._read, args=(number, stream), daemon=True)
+            reader.start()
+            self._readers.append(reader)
+        return self._process.pid
+
+    def _read(self, number: int, stream: Any) -> None:
+        for raw in iter(stream.readline, b""):
+            self._lines.put((number, raw.decode(errors="replace")))
+        stream.close()
+
+    def poll(self) -> tuple[list[tuple[int, str]], tuple[int, Any, bool] | None]:
+        """New output lines, and (once the child ended and its output was read) its exit code, error and whether the
+        driver stopped it."""
+        assert self._process is not None
+        code = self._process.poll()
+        done = code is not None and not any(r.is_alive() for r in self._readers)
+        lines = []
+        while True:
+            try:
+                lines.append(self._lines.get_nowait())
+            except queue.Empty:
+                break
+        if not done:
+            return lines, None
+        exit_code = code if code >= 0 else 128 - code
+        return lines, (exit_code, failures.read_error_file(self._error_file), self._stopped)
+
+    def stop(self, grace: float) -> None:
+        """SIGTERM to the child's session, SIGKILL after ``grace`` seconds."""
+        process = self._process
+        if process is None or process.poll() is not None:
+            return
+        self._stopped = True
+        _signal_group(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            _signal_group(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGKILL when the actor's process dies (``ray.kill``, a lost node), so no script outlives it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
