@@ -203,15 +203,21 @@ def parse_run_args(argv: Sequence[str]) -> RunArgs:
         else:
             args.script_args.append(token)
     for flag, value in unknown:  # known only now: `--launcher NAME` may come after the launcher's own options
-        prefix = f"--{args.launcher}-" if args.launcher else None
-        if prefix is None or not flag.startswith(prefix) or len(flag) == len(prefix):
+        prefix = launcher_option_prefix(args.launcher) if args.launcher else None
+        spelled = flag.lower().replace("_", "-")
+        if prefix is None or not spelled.startswith(prefix) or len(spelled) == len(prefix):
             raise CLIError(f"unknown option {flag!r} before SCRIPT (options for the script go after it).")
         if not value:
             raise CLIError(f"option {flag} needs a value.")
-        args.launcher_options[flag[len(prefix) :].replace("-", "_")] = value
+        args.launcher_options[spelled[len(prefix) :].replace("-", "_")] = value
     if not args.script:
         raise CLIError("missing SCRIPT: the script (or, with -m, the module) to run.")
     return args
+
+
+def launcher_option_prefix(launcher: str) -> str:
+    """``--NAME-``: how a script launcher's own options start (``_`` and ``-`` alike, any case)."""
+    return f"--{launcher.lower().replace('_', '-')}-"
 
 
 def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -329,7 +335,7 @@ def script_launcher(args: RunArgs) -> type | None:
     name = args.launcher
     if name is None or name.lower() == DEFAULT_LAUNCHER:
         if args.launcher_options:
-            raise CLIError(f"torchrun takes no --{name}-... options; its own are listed by `fabric run --help`.")
+            raise CLIError(f"torchrun takes no {launcher_option_prefix(DEFAULT_LAUNCHER)}... options; its own are listed by `fabric run --help`.")
         return None
     registry = _registry()
     entry = registry.lookup("launcher", name)
@@ -347,7 +353,7 @@ def script_launcher(args: RunArgs) -> type | None:
     if given:
         raise CLIError(
             f"{', '.join(given)}: torchrun's options, but --launcher {name!r} starts every node from this one command"
-            " (no per-node settings). Drop them; the launcher's own options are --" + name.lower() + "-KEY VALUE."
+            f" (no per-node settings). Drop them; the launcher's own options are {launcher_option_prefix(name)}KEY VALUE."
         )
     return cls
 
