@@ -3,7 +3,8 @@
 Python and the platform, torch and the CUDA/cuDNN/NCCL it was built with, the GPUs torch sees, every installed
 Fabric distribution (fabric-core, ours and third parties': anything with a ``fabric.plugins`` entry point or a
 requirement on fabric-core) with its version and whether it is an editable install, the versions of related
-packages (and of the frameworks each installed plugin names through ``fabric_report_packages``), what ``Fabric()``
+packages (and of the frameworks each installed plugin names through ``fabric_report_packages``), the state of the
+services plugins connect to (``fabric_report_services``: is a cluster reachable?), what ``Fabric()``
 would pick here (accelerator, cluster environment), the ``FABRIC_*``/``PL_*`` and launcher variables that are set,
 and the CPU threads each process gets.
 
@@ -135,6 +136,22 @@ def related_packages() -> dict[str, str | None]:
     declared = [name for names in get_registry().plugin_manager.hook.fabric_report_packages() for name in names or ()]
     versions = {name: _metadata_version(name) for name in (*declared, *RELATED_PACKAGES)}
     return {name: v for name, v in versions.items() if v is not None or name in declared}
+
+
+def services() -> dict[str, str]:
+    """What the installed plugins say about the services they connect to (``fabric_report_services``), each plugin
+    asked on its own so that one failing or slow answer cannot hide the others'."""
+    from fabric_core.plugins.host import get_registry
+
+    found: dict[str, str] = {}
+    for impl in get_registry().plugin_manager.hook.fabric_report_services.get_hookimpls():
+        try:
+            answer = impl.function()
+        except Exception as err:  # the report goes on
+            found[impl.plugin_name] = f"error: {type(err).__name__}: {err}"
+            continue
+        found.update({str(label): str(state) for label, state in (answer or {}).items()})
+    return found
 
 
 def torch_info() -> dict[str, Any]:
@@ -284,6 +301,7 @@ def collect() -> dict[str, Any]:
         "python": _guarded(python_info),
         "fabric_distributions": _guarded(fabric_distributions),
         "packages": _guarded(related_packages),
+        "services": _guarded(services),
         "torch": _guarded(torch_info),
         "fabric": _guarded(fabric_choices),
         "threads": _guarded(threads_info),
@@ -381,6 +399,8 @@ def format_report(report: dict[str, Any]) -> str:
     section("Python", "python", python)
     section("Fabric distributions", "fabric_distributions", dists)
     section("Packages", "packages", packages)
+    if report.get("services"):  # only when a plugin reports one
+        section("Services", "services", lambda v: [_line(label, state) for label, state in v.items()])
     section("PyTorch", "torch", torch_lines)
     section("What Fabric() picks here", "fabric", fabric)
     section("Threads", "threads", threads)

@@ -141,6 +141,31 @@ def test_hook_fabric_report_packages(use_registry):
     assert "a-framework-not-installed-here" not in cli_env.related_packages()
 
 
+def test_hook_fabric_report_services(use_registry):
+    """``fabric env`` shows every plugin's service lines; one plugin raising becomes its own error line."""
+    from fabric_core import cli_env
+
+    class Reachable:
+        @hookimpl
+        def fabric_report_services(self):
+            return {"Test cluster": "reachable at 10.0.0.1:1"}
+
+    class Broken:
+        @hookimpl
+        def fabric_report_services(self):
+            raise OSError("no route")
+
+    use_registry(Reachable(), Broken())
+    report = cli_env.collect()
+    assert report["services"]["Test cluster"] == "reachable at 10.0.0.1:1"
+    (broken,) = [state for label, state in report["services"].items() if label != "Test cluster"]
+    assert broken == "error: OSError: no route"
+    text = cli_env.format_report(report)
+    assert "Services\n" in text and "Test cluster:" in text and "reachable at 10.0.0.1:1" in text
+    use_registry()
+    assert "Services\n" not in cli_env.format_report(cli_env.collect())  # no plugin reports one: no section
+
+
 def _frame_in(folder: Path, package: str) -> Any:
     """The innermost frame of a call from ``folder/user.py`` into a module of ``package`` (a folder under ``folder``)."""
     inner = folder.joinpath(*package.split("."))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -117,3 +118,6 @@ def test_bad_input_is_refused_within_seconds(ray_cluster, tmp_path: Path) -> Non
     code, output = _fabric_run(ray_cluster, tmp_path, "option", "--launcher", "ray", "--ray-adress", "x", *script, timeout=90)
     assert code == 2 and "unknown option(s) --ray-adress" in output and "--ray-address" in output, output
     assert not _records(out)
+    # `fabric env` on this machine sees the cluster (a real head node) answer
+    env = subprocess.run([sys.executable, "-m", "fabric_core", "env"], capture_output=True, text=True, timeout=60, env=ray_cluster.env())
+    assert "Ray cluster:" in env.stdout and f"reachable at {ray_cluster.address} (RAY_ADDRESS)" in env.stdout, env.stdout

@@ -33,11 +33,12 @@ def test_fabric_and_its_plugin_listing_import_nothing_of_ray() -> None:
         registry = get_registry()
         names = sorted(e.name for e in registry.entries("environment"))
         loggers = sorted(e.name for e in registry.entries("logger"))
-        print(json.dumps([names, loggers, sorted(m for m in sys.modules if m == "ray" or m.startswith(("ray.", "fabric_ray.environment", "fabric_ray.logger")))]))
+        launchers = sorted(e.name for e in registry.entries("launcher"))
+        print(json.dumps([names, loggers, launchers, sorted(m for m in sys.modules if m == "ray" or m.startswith(("ray.", "fabric_ray.environment", "fabric_ray.logger", "fabric_ray.launcher")))]))
         """
     )
-    environments, loggers, imported = json.loads(out.strip().splitlines()[-1])
-    assert "ray" in environments and "ray" in loggers
+    environments, loggers, launchers, imported = json.loads(out.strip().splitlines()[-1])
+    assert "ray" in environments and "ray" in loggers and "ray" in launchers
     assert imported == [], imported
 
 
@@ -48,6 +49,30 @@ def test_fabric_env_reports_rays_version() -> None:
     assert done.returncode == 0, done.stderr
     line = next(line for line in done.stdout.splitlines() if line.strip().startswith("ray:"))
     assert line.split(":", 1)[1].strip() == version("ray")
+
+
+def test_fabric_env_says_whether_the_ray_cluster_answers_within_seconds(tmp_path) -> None:
+    """A real TCP endpoint stands in for the head node here (the cluster tests check a real one)."""
+    import socket
+
+    def cluster_line(**env: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "fabric_core.cli", "env"], capture_output=True, text=True, timeout=60,
+            env=job_env(RAY_TMPDIR=str(tmp_path), **env),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return next(line for line in done.stdout.splitlines() if line.strip().startswith("Ray cluster:"))
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        address = f"127.0.0.1:{listening.getsockname()[1]}"
+        assert f"reachable at {address} (RAY_ADDRESS)" in cluster_line(RAY_ADDRESS=address)
+    assert f"NOT reachable at {address} from RAY_ADDRESS" in cluster_line(RAY_ADDRESS=address)
+    assert "none configured" in cluster_line()
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text(address)  # what `ray start` leaves for this machine
+    assert f"NOT reachable at {address} from started on this machine" in cluster_line()
 
 
 def test_a_ray_worker_that_is_not_a_train_worker_is_not_taken_for_one() -> None:
@@ -68,5 +93,5 @@ def test_a_ray_worker_that_is_not_a_train_worker_is_not_taken_for_one() -> None:
 def test_the_ray_logger_outside_ray_train_says_where_it_belongs() -> None:
     from fabric_core import Fabric
 
-    with pytest.raises(RuntimeError, match="not a Ray Train worker.*train_loop_per_worker"):
+    with pytest.raises(RuntimeError, match="neither a Ray Train worker nor a Tune trial.*train_loop_per_worker"):
         Fabric(accelerator="cpu", loggers="ray")

@@ -232,6 +232,18 @@ def fabric_report_packages() -> list[str]:
 
 
 @hookspec
+def fabric_report_services() -> dict[str, str]:
+    """Return ``{label: state}`` lines ``fabric env`` shows about the services this plugin connects to, such as
+    whether a cluster is reachable (``{"Ray cluster": "reachable at 10.0.0.1:6379"}``).
+
+    A bug report's first question is often "could this machine reach it at all?", which package versions do not
+    answer. Asked only by ``fabric env``: answer within a couple of seconds (short timeouts, no framework imports
+    that start a runtime); an exception shows as the plugin's error line and ends nothing else. Every plugin's
+    answer is collected.
+    """
+
+
+@hookspec
 def fabric_library_packages() -> dict[str, str]:
     """Return the import packages whose frames the hang report reads as library code, each mapped to ``"library"``
     or ``"collective"``: your own package and the frameworks you drive.

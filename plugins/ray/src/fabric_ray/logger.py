@@ -11,6 +11,9 @@
   path ``fabric.save`` wrote it to, when that path is missing on this node (a worker restarted on another machine,
   a fresh disk): the script's own ``fabric.latest_checkpoint(series)``/``fabric.load(...)`` then find it, unchanged.
 
+In a Ray Tune trial (a function given to ``ray.tune.Tuner``) the same calls go to ``ray.tune.report`` /
+``ray.tune.get_checkpoint``, which Ray 2.60 requires there; Tune names the checkpoint folders itself.
+
 This module imports ``ray``: it is imported only when the name ``"ray"`` is used.
 """
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 from argparse import Namespace
 from collections.abc import Mapping
@@ -40,12 +44,38 @@ def _scalar(value: Any) -> Any:
     return value
 
 
-def _in_ray_train() -> bool:
+class _Session:
+    """Where this process reports: Ray Train's worker API, or Ray Tune's in a Tune trial (a function trainable),
+    where Ray 2.60 refuses ``ray.train.report``/``get_context``/``get_checkpoint`` and asks for ``ray.tune``'s."""
+
+    def __init__(self, api: Any, tune: bool) -> None:
+        self.api, self.tune = api, tune
+
+    def report(self, metrics: dict[str, Any], checkpoint: Any = None, name: str | None = None) -> None:
+        if self.tune:  # Tune names the checkpoint folder itself
+            self.api.report(metrics, checkpoint=checkpoint)
+        else:
+            self.api.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=name)
+
+
+def _session() -> _Session | None:
     try:
         ray.train.get_context().get_world_size()
-    except Exception:
-        return False
-    return True
+        return _Session(ray.train, tune=False)
+    except Exception:  # not a Train worker (in a Tune trial Ray raises a DeprecationWarning here)
+        pass
+    if "ray.tune" in sys.modules:  # Ray's trial runner imported it
+        tune = sys.modules["ray.tune"]
+        try:
+            if tune.get_context().get_trial_name():
+                return _Session(tune, tune=True)
+        except Exception:
+            pass
+    return None
+
+
+def _in_ray_train() -> bool:
+    return _session() is not None
 
 
 class RayTrainLogger(Logger):
@@ -60,12 +90,15 @@ class RayTrainLogger(Logger):
 
     def __init__(self, prefix: str = "", report_checkpoints: bool = True, restore: bool = True) -> None:
         super().__init__()
-        if not _in_ray_train():
+        session = _session()
+        if session is None:
             raise RuntimeError(
-                "`Fabric(loggers=\"ray\")` reports to Ray Train, but this process is not a Ray Train worker. Build"
-                " Fabric inside the `train_loop_per_worker` function that `ray.train.torch.TorchTrainer` runs, or"
-                " choose another logger here."
+                "`Fabric(loggers=\"ray\")` reports to Ray Train or Ray Tune, but this process is neither a Ray Train"
+                " worker nor a Tune trial. Build Fabric inside the `train_loop_per_worker` function that"
+                " `ray.train.torch.TorchTrainer` runs (or the function a `ray.tune.Tuner` runs), or choose another"
+                " logger here."
             )
+        self._session = session
         self._prefix = prefix
         self._report_checkpoints = report_checkpoints
         self._metrics: dict[str, Any] = {}
@@ -73,11 +106,11 @@ class RayTrainLogger(Logger):
         """Where Ray's latest checkpoint was put back when this logger was created, on each node's local rank 0 (which
         does it while the others wait); ``None`` there when there was nothing to do, and on the other ranks."""
         if restore:
-            self.restored = _restore_once_per_node()
+            self.restored = _restore_once_per_node(session)
 
     @property
     def name(self) -> str | None:
-        return str(ray.train.get_context().get_experiment_name())
+        return str(self._session.api.get_context().get_experiment_name())
 
     @property
     def version(self) -> str | None:
@@ -91,7 +124,7 @@ class RayTrainLogger(Logger):
         if step is not None:
             values["step"] = step
         self._metrics.update(values)
-        ray.train.report(values)
+        self._session.report(values)
 
     def checkpoint_saved(self, path: str) -> None:
         if not self._report_checkpoints:
@@ -107,7 +140,8 @@ class RayTrainLogger(Logger):
             )
             return
         background.wait(location)  # an asynchronous save is complete before Ray copies it
-        source = Path(path).absolute()
+        # the location's own local path: `path` may be spelled `file:///...`, which `Path(path)` would misread
+        source = location.path.absolute()
         # Every worker reports (Ray Train counts reports per worker); rank 0, which has the whole checkpoint (a
         # sharded one is in a folder every rank can reach), attaches it.
         with tempfile.TemporaryDirectory(prefix="fabric-ray-") as staging:
@@ -115,8 +149,8 @@ class RayTrainLogger(Logger):
             if get_rank() == 0:
                 _link_or_copy(source, Path(staging) / source.name)
                 (Path(staging) / METADATA).write_text(json.dumps({"path": str(source), "name": source.name}))
-                checkpoint = ray.train.Checkpoint.from_directory(staging)
-            ray.train.report(dict(self._metrics), checkpoint=checkpoint, checkpoint_dir_name=source.name)
+                checkpoint = self._session.api.Checkpoint.from_directory(staging)
+            self._session.report(dict(self._metrics), checkpoint=checkpoint, name=source.name)
 
     def finalize(self, status: str) -> None:
         pass  # Ray ends the run when the training function returns
@@ -137,28 +171,31 @@ def _link_file(source: str, target: str) -> None:
         shutil.copy2(source, target)
 
 
-def _restore_once_per_node() -> str | None:
+def _restore_once_per_node(session: _Session) -> str | None:
     """Local rank 0 restores, the others wait for it (Ray's process group exists before the user's function), so
     :attr:`RayTrainLogger.restored` is set on every node's local rank 0 and no two ranks copy the same files."""
     import torch.distributed as dist
 
     grouped = dist.is_available() and dist.is_initialized()
     restored = None
-    if not grouped or ray.train.get_context().get_local_rank() == 0:
-        restored = restore_latest_checkpoint()
+    if not grouped or session.api.get_context().get_local_rank() == 0:
+        restored = restore_latest_checkpoint(session)
     if grouped:
         dist.barrier()
     return restored
 
 
-def restore_latest_checkpoint() -> str | None:
+def restore_latest_checkpoint(session: _Session | None = None) -> str | None:
     """Put Ray's latest checkpoint of this run back at the path ``fabric.save`` wrote it to, if it is missing there.
 
     Returns that path, or ``None`` when Ray has no checkpoint (a first run), the checkpoint was not written by
     fabric-ray, or the path exists already (the restarted worker is on the same machine). Safe in several processes
     at once (nodes sharing the folder): each copies beside the target under a hidden name and renames it into place.
     """
-    checkpoint = ray.train.get_checkpoint()
+    session = session or _session()
+    if session is None:
+        return None
+    checkpoint = session.api.get_checkpoint()
     if checkpoint is None:
         return None
     with checkpoint.as_directory() as folder:

@@ -48,6 +48,14 @@ def fabric_report_packages() -> list[str]:
 
 
 @hookimpl
+def fabric_report_services() -> dict[str, str]:
+    """For ``fabric env``: whether the Ray cluster this machine would use answers (a short TCP connect, no ray import)."""
+    from fabric_ray.probe import cluster_state
+
+    return {"Ray cluster": cluster_state()}
+
+
+@hookimpl
 def fabric_library_packages() -> dict[str, str]:
     """Frames of these packages are not the user's line in a hang report; Ray Train's own code runs the loop."""
     return {"fabric_ray": "library", "ray": "library"}
