@@ -135,8 +135,12 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster
                     job.process.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     kill_session(job.pid)
-        wait_until(lambda: not cluster_processes(tmpdir), 40, 0.5)
-        left = cluster_processes(tmpdir) + [p for j in (worker, head) if j is not None for p in session_processes(j.pid)]
+        def remaining() -> list[int]:
+            # Ray's workers rename themselves (`ray::IDLE`): they are found by session, and may still be exiting
+            return cluster_processes(tmpdir) + [p for j in (worker, head) if j is not None for p in session_processes(j.pid)]
+
+        wait_until(lambda: not remaining(), 40, 0.5)
+        left = remaining()
         described = {pid: _command_line(pid) for pid in sorted(set(left))}
         for pid in left:
             try:
