@@ -107,7 +107,7 @@ class _Cluster:
 
 
 def _job(way: str, cluster: _Cluster, cfg: dict[str, Any], storage: str) -> dict[str, Any]:
-    args = [f"--{k}={cfg[k]}" for k in ("width", "layers", "batch", "warmup", "steps")]
+    args = [f"--{k}={cfg[k]}" for k in ("width", "layers", "batch", "warmup", "steps")] + [f"--t0={time.time()!r}"]
     fabric = [sys.executable, "-m", "fabric_core", "run", "--accelerator", "cpu", "--devices", "2"]
     if way == TORCHRUN:
         command = [*fabric, "--main-port", str(_free_port()), str(WORKER), "loop", *args]
@@ -116,7 +116,6 @@ def _job(way: str, cluster: _Cluster, cfg: dict[str, Any], storage: str) -> dict
     else:
         command = [sys.executable, str(WORKER), "trainer", "--address", cluster.address, "--node-ip", HEAD_IP, "--storage", storage, *args]
     env = cluster.env()
-    env["BENCH_T0"] = repr(time.time())
     proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=cfg["timeout"])
     for line in reversed(proc.stdout.splitlines()):
         text = line.split("] ", 1)[1] if line.startswith("[rank 0] ") else line
