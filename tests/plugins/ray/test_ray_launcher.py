@@ -121,3 +121,26 @@ def test_bad_input_is_refused_within_seconds(ray_cluster, tmp_path: Path) -> Non
     # `fabric env` on this machine sees the cluster (a real head node) answer
     env = subprocess.run([sys.executable, "-m", "fabric_core", "env"], capture_output=True, text=True, timeout=60, env=ray_cluster.env())
     assert "Ray cluster:" in env.stdout and f"reachable at {ray_cluster.address} (RAY_ADDRESS)" in env.stdout, env.stdout
+
+
+FN_SCRIPT = Path(__file__).with_name("launch_fn_script.py")
+
+
+@pytest.mark.timeout(2 * RUN_TIMEOUT + 60)
+def test_fabric_launch_with_start_method_ray_runs_the_function_on_the_cluster(ray_cluster, tmp_path: Path) -> None:
+    job = start_job([sys.executable, FN_SCRIPT, "ok"], tmp_path / "fn-ok.log", ray_cluster.env())
+    code, output = job.wait(RUN_TIMEOUT), job.output()
+    assert code == 0, output[-6000:]
+    result = json.loads(output.split("RESULT ", 1)[1].splitlines()[0])
+    assert result["sum"] == 6.0 and result["world"] == 4, result
+    assert result["ranks"] == [[0, 0, 0], [1, 1, 0], [2, 0, 1], [3, 1, 1]], "rank, local rank, node rank"
+    ips = result["ips"]
+    assert ips[0] == ips[1] and ips[2] == ips[3] and {ips[0], ips[2]} == {HEAD_IP, SECOND_IP}, ips
+    assert result["pid"] != result["driver_pid"], "rank 0 ran in a Ray actor"
+    assert "working as rank 3" in output, "the actors' output reaches the driver"
+
+    job = start_job([sys.executable, FN_SCRIPT, "raise"], tmp_path / "fn-raise.log", ray_cluster.env())
+    code, output = job.wait(RUN_TIMEOUT), job.output()
+    assert code == 1, output[-6000:]
+    assert "ValueError: rank two cannot go on" in output.splitlines()[-1] or "ValueError: rank two cannot go on" in output[-3000:], output[-6000:]
+    assert "RESULT" not in output

@@ -14,6 +14,9 @@ code; ``--max-restarts N`` runs the whole job again up to N times on fresh actor
 which attempt). Bad input fails fast: an address nobody listens on is refused within seconds, a placement the cluster
 cannot hold names its nodes, and one it cannot hold *now* waits ``--ray-placement-timeout`` seconds (default 60).
 
+``fabric.launch(fn)`` with ``DDPStrategy(start_method="ray")`` (any strategy on the core's ``ParallelStrategy``) places
+the processes the same way and runs the function in the actors, returning rank 0's result (:meth:`RayLauncher.launch`).
+
 The launcher's options (``--ray-KEY VALUE`` before SCRIPT): ``address``, ``placement_timeout``, ``node_ip`` (this
 machine's address as the cluster sees it, needed only when it has several; for a loopback address it is that
 address). ``ray`` is imported only when a job starts.
@@ -54,16 +57,38 @@ class LaunchError(RuntimeError):
 
 
 class RayLauncher(Launcher):
-    """Run a script on every process of a job placed on a Ray cluster (``fabric run --launcher ray``)."""
+    """Run a script (``fabric run --launcher ray``) or a function (``fabric.launch(fn)`` with ``start_method="ray"``) on
+    every process of a job placed on a Ray cluster."""
 
     runs_scripts = True
+    requires_function = True  # under `fabric.launch`: the function travels to the actors, the script does not
 
     def launch(self, function: Any, *args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(
-            "The 'ray' launcher runs scripts: start the script with `fabric run --launcher ray --devices N"
-            " --num-nodes M script.py` (Fabric(...) in it joins by itself, no fabric.launch() needed), or run"
-            " `fabric.launch(fn)` inside Ray Train's `TorchTrainer` (plugins/ray/README.md)."
+        """``fabric.launch(fn)`` with a strategy whose ``start_method`` is ``"ray"``: run ``fn`` in one Ray actor per
+        process, placed as ``fabric run --launcher ray`` places them, and return rank 0's result. A failing rank ends
+        the others, and its own error (Ray's ``RayTaskError`` with the rank's traceback) is raised here."""
+        strategy = self.strategy
+        devices = getattr(strategy, "parallel_devices", None) or []
+        accelerator = "cuda" if devices and getattr(devices[0], "type", "cpu") == "cuda" else "cpu"
+        request = ScriptRequest(
+            script="",
+            script_args=[],
+            module=False,
+            processes_per_node=strategy.num_processes,
+            num_nodes=strategy.num_nodes,
+            max_restarts=0,
+            environment={"FABRIC_ACCELERATOR": accelerator},
         )
+        job = _Job(request)  # RAY_ADDRESS, checked within seconds
+        job.connect(log_to_driver=True)  # the actors' output, prefixed by Ray with each one's rank
+        try:
+            job.place()
+            return job.run_function(strategy, function, args, kwargs)
+        finally:
+            import ray
+
+            job.release()
+            ray.shutdown()
 
     @classmethod
     def run_script(cls, request: ScriptRequest) -> int:
@@ -158,7 +183,7 @@ class _Job:
         self.gpu = accelerator in ("cuda", "gpu")
 
     # ---------------------------------------------------------------------------------------------- lifecycle
-    def run(self) -> int:
+    def connect(self, log_to_driver: bool = False) -> None:
         import ray
 
         try:
@@ -166,15 +191,23 @@ class _Job:
                 address=self.address,
                 _node_ip_address=self.node_ip,
                 logging_level="ERROR",
-                log_to_driver=False,  # every rank's output comes through this driver, prefixed with the rank
+                log_to_driver=log_to_driver,  # a script's output comes through this driver, prefixed with the rank
                 configure_logging=False,
             )
         except Exception as err:
-            print(f"fabric run --launcher ray: error: cannot connect to Ray at {self.address or 'auto'!r}: {err}", file=sys.stderr, flush=True)
+            raise LaunchError(f"cannot connect to Ray at {self.address or 'auto'!r}: {err}") from err
+
+    def run(self) -> int:
+        import ray
+
+        try:
+            self.connect()
+        except LaunchError as err:
+            print(f"fabric run --launcher ray: error: {err}", file=sys.stderr, flush=True)
             return 2
         try:
             try:
-                self._place()
+                self.place()
             except LaunchError as err:
                 print(f"fabric run --launcher ray: error: {err}", file=sys.stderr, flush=True)
                 return 2
@@ -194,10 +227,10 @@ class _Job:
             self._stop_all()
             return 130
         finally:
-            self._release()
+            self.release()
             ray.shutdown()
 
-    def _place(self) -> None:
+    def place(self) -> None:
         """One bundle per node, each on a different Ray node, with room for that node's processes."""
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
@@ -280,6 +313,41 @@ class _Job:
             rank.pid = pid
         return self._watch()
 
+    def run_function(self, strategy: Any, function: Any, args: tuple, kwargs: dict) -> Any:
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        per_node, nodes = self.request.processes_per_node, self.request.num_nodes
+        worker = ray.remote(_FunctionWorker)
+        self.ranks = []
+        for node in range(nodes):
+            for local in range(per_node):
+                rank = _Rank(node * per_node + local, node, local)
+                rank.actor = worker.options(
+                    num_cpus=0 if self.gpu else 1,
+                    num_gpus=1 if self.gpu else 0,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=node),
+                ).remote(rank.rank)
+                self.ranks.append(rank)
+        info = ray.get([r.actor.describe.remote() for r in self.ranks], timeout=300)
+        master_port = ray.get(self.ranks[0].actor.free_port.remote(), timeout=60)
+        refs = {}
+        for rank, found in zip(self.ranks, info):
+            env = {"MASTER_ADDR": info[0]["ip"], "MASTER_PORT": str(master_port), "NODE_RANK": str(rank.node),
+                   "LOCAL_RANK": str(rank.local), NODE_IP_VARIABLE: found["ip"]}  # fmt: skip
+            refs[rank.actor.run.remote(strategy, function, args, kwargs, env, rank.local)] = rank
+        result, pending = None, list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            try:
+                value = ray.get(done[0])
+            except Exception:  # the first rank that failed: its own error (RayTaskError carries its traceback)
+                self._kill_actors()
+                raise
+            if refs[done[0]].rank == 0:
+                result = value
+        return result
+
     def _command(self) -> list[str]:
         target = ["-m", self.request.script] if self.request.module else [os.path.abspath(self.request.script)]
         return [*target, *self.request.script_args]
@@ -343,7 +411,7 @@ class _Job:
                     pass
                 rank.actor = None
 
-    def _release(self) -> None:
+    def release(self) -> None:
         import ray
         from ray.util.placement_group import remove_placement_group
 
@@ -433,6 +501,32 @@ class _Worker:
         except subprocess.TimeoutExpired:
             _signal_group(process.pid, signal.SIGKILL)
             process.wait(timeout=30)
+
+
+class _FunctionWorker:
+    """One process of a ``fabric.launch(fn)`` job: a Ray actor that takes its rank and runs the function."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def __repr__(self) -> str:  # Ray prefixes the actor's output with this
+        return f"rank {self.rank}"
+
+    describe = _Worker.describe
+    free_port = _Worker.free_port
+
+    def run(self, strategy: Any, function: Any, args: tuple, kwargs: dict, env: dict[str, str], local_rank: int) -> Any:
+        from fabric_core.runtime.process_group import release_process_group
+
+        os.environ.update(env)
+        environment = strategy.cluster_environment
+        if environment is not None:  # the ranks this actor stands for (as the core's spawn launcher does)
+            topology = strategy.configured_topology.with_local_rank(local_rank)
+            environment.set_global_rank(topology.global_rank)
+            environment.set_world_size(topology.world_size)
+        result = function(*args, **kwargs)
+        release_process_group()
+        return result if self.rank == 0 else None
 
 
 def _signal_group(pid: int, sig: int) -> None:
