@@ -335,7 +335,8 @@ class _Job:
         for rank, found in zip(self.ranks, info):
             env = {"MASTER_ADDR": info[0]["ip"], "MASTER_PORT": str(master_port), "NODE_RANK": str(rank.node),
                    "LOCAL_RANK": str(rank.local), NODE_IP_VARIABLE: found["ip"]}  # fmt: skip
-            refs[rank.actor.run.remote(strategy, function, args, kwargs, env, rank.local)] = rank
+            # one argument: pickled together, the function's Fabric and `strategy` stay one object in the actor
+            refs[rank.actor.run.remote((strategy, function, args, kwargs), env, rank.local)] = rank
         result, pending = None, list(refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
@@ -515,9 +516,10 @@ class _FunctionWorker:
     describe = _Worker.describe
     free_port = _Worker.free_port
 
-    def run(self, strategy: Any, function: Any, args: tuple, kwargs: dict, env: dict[str, str], local_rank: int) -> Any:
+    def run(self, payload: tuple, env: dict[str, str], local_rank: int) -> Any:
         from fabric_core.runtime.process_group import release_process_group
 
+        strategy, function, args, kwargs = payload
         os.environ.update(env)
         environment = strategy.cluster_environment
         if environment is not None:  # the ranks this actor stands for (as the core's spawn launcher does)
