@@ -30,7 +30,7 @@ def fabric_register_launchers(registrar: Registrar) -> None:
     registrar.add(
         "ray",
         _PACKAGE + "launcher:RayLauncher",
-        description="fabric run --launcher ray: the whole job on a Ray cluster (placement group, one worker per device)",
+        description="a job on a Ray cluster, one actor per process (fabric run --launcher ray; start_method='ray')",
     )
 
 
