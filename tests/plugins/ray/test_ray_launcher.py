@@ -140,7 +140,7 @@ def test_fabric_launch_with_start_method_ray_runs_the_function_on_the_cluster(ra
     assert result["pid"] != result["driver_pid"], "rank 0 ran in a Ray actor"
     # the actors' output reaches the driver through Ray's log forwarding, prefixed with the rank (asynchronously: a
     # rank's last lines may arrive after the job returned, so only an early line is looked for)
-    assert re.search(r"\(rank [0-3] pid=\d+\)\S* Initializing distributed: GLOBAL_RANK: [0-3]", output), output[-3000:]
+    assert re.search(r"\(rank [0-3] pid=\d+[^)]*\)\S* Initializing distributed: GLOBAL_RANK: [0-3]", output), output[-3000:]
 
     job = start_job([sys.executable, FN_SCRIPT, "raise"], tmp_path / "fn-raise.log", ray_cluster.env())
     code, output = job.wait(RUN_TIMEOUT), job.output()
