@@ -3,7 +3,7 @@
 ``python ray_job.py SCENARIO OUT [ARGS ...]``; every worker writes what it saw to ``OUT`` as JSON, the driver
 prints one ``RESULT {...}`` line per fit. Scenarios:
 
-* ``ranks STRATEGY:LAYOUT...``: 2 workers, one per node (``spread``: ``STRICT_SPREAD``, ``Fabric(devices=1,
+* ``ranks STRATEGY:LAYOUT...``: 2 workers (``model_parallel`` as ``ModelParallelStrategy(parallelize_fn)``), one per node (``spread``: ``STRICT_SPREAD``, ``Fabric(devices=1,
   num_nodes=2)``) or both on one node (``pack``: ``PACK``, ``Fabric(devices=2)``); a few steps, then each worker records
   Ray's and Fabric's ranks, whether Fabric used Ray's process group, and a checksum of its weights.
 * ``mismatch``: ``Fabric(devices=4)`` under ``ScalingConfig(num_workers=2)``.
@@ -45,7 +45,12 @@ def ranks_loop(config: dict) -> None:
 
     ray_group = dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
     context = ray.train.get_context()
-    fabric = Fabric(accelerator="cpu", strategy=config["strategy"], devices=config["devices"], num_nodes=config["num_nodes"])
+    strategy = config["strategy"]
+    if strategy == "model_parallel":  # as a user passes it: the strategy object with their parallelize_fn
+        from fabric_fsdp import ModelParallelStrategy
+
+        strategy = ModelParallelStrategy(parallelize_fn=_shard_over_data_parallel)
+    fabric = Fabric(accelerator="cpu", strategy=strategy, devices=config["devices"], num_nodes=config["num_nodes"])
     fabric.launch()  # starts nothing under Ray Train
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -73,6 +78,28 @@ def ranks_loop(config: dict) -> None:
     record["group_alive_after_teardown"] = dist.is_initialized()
     out = Path(config["out"]) / f"{config['name']}-rank{fabric.global_rank}.json"
     out.write_text(json.dumps(record))
+
+
+def _shard_over_data_parallel(model: torch.nn.Module, mesh: object) -> torch.nn.Module:
+    """``parallelize_fn`` of the model_parallel run: FSDP2 over the mesh's data-parallel rows (one per node)."""
+    from torch.distributed.fsdp import fully_shard
+
+    fully_shard(model, mesh=mesh["data_parallel"])
+    return model
+
+
+def reference_checksum(world_size: int = 2, steps: int = 3) -> float:
+    """What every run of ``ranks_loop`` must end with: one process training on all ranks' batches at once (the mean
+    loss over equal batches has the ranks' averaged gradient), summed like :func:`_checksum`."""
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(steps):
+        batches = [_batch(step, rank) for rank in range(world_size)]
+        x, y = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return float(sum(p.detach().double().sum() for p in model.parameters()))
 
 
 def _checksum(model: torch.nn.Module, world_size: int) -> float:

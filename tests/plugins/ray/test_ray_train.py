@@ -60,6 +60,28 @@ def test_fabric_inside_ray_train_takes_ranks_and_process_group_from_ray(ray_clus
     assert all(abs(v - values[0]) <= 1e-4 * max(1.0, abs(values[0])) for v in values), checksums
 
 
+@pytest.mark.timeout(FIT_TIMEOUT * 2 + 60)
+def test_deepspeed_and_model_parallel_inside_ray_train_train_like_one_process(ray_cluster, tmp_path: Path) -> None:
+    """The other two multi-process strategies, one worker per node: Ray's ranks and group, launch() starting nothing,
+    and the weights of one process that trains on both ranks' batches."""
+    from tests.plugins.ray.ray_job import reference_checksum
+
+    runs = ("deepspeed", "model_parallel")
+    out = tmp_path / "out"
+    out.mkdir()
+    _run(ray_cluster, tmp_path, "ranks", str(out), *(f"{s}:spread" for s in runs), timeout=FIT_TIMEOUT * 2)
+    expected = reference_checksum()
+    for strategy in runs:
+        records = [json.loads((out / f"{strategy}-spread-rank{r}.json").read_text()) for r in (0, 1)]
+        for rank, record in enumerate(records):
+            assert record["environment"] == "RayTrainEnvironment", record
+            assert record["fabric"] == record["ray"] and record["fabric"] == [rank, 0, rank, 2], record
+            assert record["ray_made_group"] and record["same_group"], (strategy, record)
+            assert record["launcher"] is None and record["children"] == 0, (strategy, record)
+        assert records[0]["checksum"] == records[1]["checksum"], (strategy, records)
+        assert abs(records[0]["checksum"] - expected) <= 1e-4 * max(1.0, abs(expected)), (strategy, records[0], expected)
+
+
 @pytest.mark.timeout(FIT_TIMEOUT + 60)
 def test_fabric_contradicting_ray_scaling_config_is_a_clear_error(ray_cluster, tmp_path: Path) -> None:
     output = _run(ray_cluster, tmp_path, "mismatch", str(tmp_path), timeout=FIT_TIMEOUT, expect=3)
