@@ -146,8 +146,9 @@ def test_fabric_run_uses_only_public_names_of_the_connector():
 
 def test_each_fabric_run_option_is_declared_once_and_forwarded_from_its_declaration():
     fields = {f.name: f.default for f in dataclasses.fields(cli_run.RunArgs)}
-    assert fields.pop("script") == "" and "script_args" in fields
-    del fields["script_args"]
+    assert fields.pop("script") == "" and "script_args" in fields and "launcher_options" in fields
+    # SCRIPT's own arguments and a script launcher's `--NAME-KEY VALUE` options are not options of `fabric run`
+    del fields["script_args"], fields["launcher_options"]
     assert fields == {option.dest: option.default for option in cli_run.ALL_OPTIONS}
     for option in cli_run.ELASTIC_OPTIONS:
         if option.forward != "given":
