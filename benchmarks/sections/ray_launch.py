@@ -171,7 +171,7 @@ SECTION = Section(
     name="ray",
     order=90,
     modes={
-        "full": {"reps": 3, "width": 256, "layers": 4, "batch": 64, "warmup": 20, "steps": 300, "timeout": 600},
+        "full": {"reps": 5, "width": 256, "layers": 4, "batch": 64, "warmup": 20, "steps": 1000, "timeout": 600},
         "quick": {"reps": 1, "width": 256, "layers": 4, "batch": 64, "warmup": 10, "steps": 100, "timeout": 600},
         "tiny": {"reps": 1, "width": 32, "layers": 1, "batch": 8, "warmup": 1, "steps": 3, "timeout": 600},
     },
