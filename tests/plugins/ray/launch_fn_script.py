@@ -22,7 +22,8 @@ def work(fabric: Fabric, mode: str) -> dict:
     ranks = fabric.all_gather(torch.tensor([fabric.global_rank, fabric.local_rank, fabric.node_rank]))
     ips = fabric.strategy.all_gather_object(os.environ["FABRIC_RAY_NODE_IP"]) if hasattr(fabric.strategy, "all_gather_object") else None
     print(f"working as rank {fabric.global_rank}", flush=True)
-    return {"sum": float(total), "ranks": ranks.tolist(), "world": fabric.world_size, "ips": ips, "pid": os.getpid()}
+    return {"sum": float(total), "ranks": ranks.tolist(), "world": fabric.world_size, "ips": ips, "pid": os.getpid(),
+            "forwarded": os.environ.get("RAYTEST_SECRET")}
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ record = {
     "environment": type(fabric.strategy.cluster_environment).__name__,
     "node_ip": os.environ.get("FABRIC_RAY_NODE_IP"),
     "restart": restart,
+    "forwarded": {k: v for k, v in os.environ.items() if k.startswith("RAYTEST_")},
     "sum": float(total),
     "weights": [round(float(v), 6) for v in torch.cat([p.detach().flatten() for p in model.parameters()])],
 }

@@ -1,8 +1,9 @@
 """``fabric run --launcher ray`` on a real two-node Ray cluster (loopback, gloo on CPU): one command places one process
 per device with the nodes on different Ray nodes, the script's plain ``Fabric(...)`` joins, every rank's output comes
 back prefixed with its rank, the first failure ends the job with that rank's own error and exit code, and
-``--max-restarts`` runs the job again. Bad input (no cluster, more workers than the cluster has, an unknown launcher
-option) is refused within seconds. The cluster's teardown (conftest) fails the module if any Ray process is left."""
+``--max-restarts`` runs the job again; ``--ray-env`` hands the driver's variables to every rank. Bad input (no cluster,
+more workers than the cluster has, an unknown launcher option, a variable to forward that is not set) is refused
+within seconds. The cluster's teardown (conftest) fails the module if any Ray process is left."""
 
 from __future__ import annotations
 
@@ -55,9 +56,12 @@ def _script_processes(out: Path) -> list[int]:
 @pytest.mark.timeout(RUN_TIMEOUT + 60)
 def test_one_command_runs_the_script_on_every_node_with_torchruns_variables(ray_cluster, tmp_path: Path) -> None:
     out = _out(tmp_path, "ok")
+    # variables set only in the driver's environment (the cluster's Ray was started without them)
+    driver_env = {**ray_cluster.env(), "RAYTEST_SECRET": "s3cret", "RAYTEST_P_ONE": "1", "RAYTEST_NOT_ASKED": "x"}
     code, output = _fabric_run(
         ray_cluster, tmp_path, "ok", "--launcher", "ray", "--ray-address", ray_cluster.address,
-        "--num-nodes", "2", "--devices", "2", str(SCRIPT), str(out), "ok",
+        "--ray-env", "RAYTEST_SECRET,RAYTEST_P_*,RAYTEST_GIVEN=a=b", "--num-nodes", "2", "--devices", "2",
+        str(SCRIPT), str(out), "ok", env=driver_env,
     )  # fmt: skip
     assert code == 0, output[-6000:]
     records = _records(out)
@@ -67,6 +71,7 @@ def test_one_command_runs_the_script_on_every_node_with_torchruns_variables(ray_
         assert record["environment"] == "TorchElasticEnvironment", "the script joins as under torchrun"
         assert record["sum"] == 6.0 and record["restart"] == 0
         assert record["weights"] == records[0]["weights"], "DDP kept the replicas equal"
+        assert record["forwarded"] == {"RAYTEST_SECRET": "s3cret", "RAYTEST_P_ONE": "1", "RAYTEST_GIVEN": "a=b"}
     # nodes spread: node rank 0 on one Ray node, node rank 1 on the other
     ips = [r["node_ip"] for r in records]
     assert ips[0] == ips[1] and ips[2] == ips[3] and {ips[0], ips[2]} == {HEAD_IP, SECOND_IP}, ips
@@ -118,6 +123,8 @@ def test_bad_input_is_refused_within_seconds(ray_cluster, tmp_path: Path) -> Non
     assert code == 2 and "needs 3 Ray node(s) with 1 CPU each" in output and "has 2 such node(s)" in output, output
     code, output = _fabric_run(ray_cluster, tmp_path, "option", "--launcher", "ray", "--ray-adress", "x", *script, timeout=90)
     assert code == 2 and "unknown option(s) --ray-adress" in output and "--ray-address" in output, output
+    code, output = _fabric_run(ray_cluster, tmp_path, "env", "--launcher", "ray", "--ray-env", "RAYTEST_UNSET", *script, timeout=90)
+    assert code == 2 and "--ray-env names RAYTEST_UNSET, which is not set here" in output, output
     assert not _records(out)
     # `fabric env` on this machine sees the cluster (a real head node) answer
     env = subprocess.run([sys.executable, "-m", "fabric_core", "env"], capture_output=True, text=True, timeout=60, env=ray_cluster.env())
@@ -129,10 +136,12 @@ FN_SCRIPT = Path(__file__).with_name("launch_fn_script.py")
 
 @pytest.mark.timeout(2 * RUN_TIMEOUT + 60)
 def test_fabric_launch_with_start_method_ray_runs_the_function_on_the_cluster(ray_cluster, tmp_path: Path) -> None:
-    job = start_job([sys.executable, FN_SCRIPT, "ok"], tmp_path / "fn-ok.log", ray_cluster.env())
+    env = {**ray_cluster.env(), "RAYTEST_SECRET": "s3cret", "FABRIC_RAY_ENV": "RAYTEST_SECRET"}
+    job = start_job([sys.executable, FN_SCRIPT, "ok"], tmp_path / "fn-ok.log", env)
     code, output = job.wait(RUN_TIMEOUT), job.output()
     assert code == 0, output[-6000:]
     result = json.loads(output.split("RESULT ", 1)[1].splitlines()[0])
+    assert result["forwarded"] == "s3cret", "FABRIC_RAY_ENV forwards the driver's variables to the actors"
     assert result["sum"] == 6.0 and result["world"] == 4, result
     assert result["ranks"] == [[0, 0, 0], [1, 1, 0], [2, 0, 1], [3, 1, 1]], "rank, local rank, node rank"
     ips = result["ips"]

@@ -19,13 +19,16 @@ the processes the same way and runs the function in the actors, returning rank 0
 
 The launcher's options (``--ray-KEY VALUE`` before SCRIPT): ``address``, ``placement_timeout``, ``node_ip`` (this
 machine's address as the cluster sees it, needed only when it has several; for a loopback address it is that
-address). ``ray`` is imported only when a job starts.
+address), ``env`` (the driver's variables every process gets, see :func:`forwarded_environment`). ``ray`` is imported
+only when a job starts.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import ipaddress
 import os
+import re
 import queue
 import signal
 import socket
@@ -47,7 +50,9 @@ DEFAULT_PLACEMENT_TIMEOUT_S = 60.0
 POLL_S = 0.2
 #: Seconds the other ranks get to end after SIGTERM before SIGKILL.
 STOP_GRACE_S = 5.0
-OPTIONS = ("address", "placement_timeout", "node_ip")
+OPTIONS = ("address", "placement_timeout", "node_ip", "env")
+#: The driver's variables to forward when ``--ray-env`` is not given (the only way to name them for ``launch(fn)``).
+ENV_VARIABLE = "FABRIC_RAY_ENV"
 #: Set in every process: the address of the Ray node it runs on (for the script's own logs).
 NODE_IP_VARIABLE = "FABRIC_RAY_NODE_IP"
 
@@ -121,6 +126,49 @@ def _options(request: ScriptRequest) -> tuple[str | None, float, str | None]:
     return address, timeout, node_ip
 
 
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: Set by the launcher in every process; forwarding them would give every rank the driver's value.
+_LAUNCHER_VARIABLES = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+    "ROLE_WORLD_SIZE", "ROLE_NAME", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "CUDA_VISIBLE_DEVICES", NODE_IP_VARIABLE,
+)  # fmt: skip
+
+
+def forwarded_environment(spec: str | None, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The variables ``--ray-env SPEC`` (or ``FABRIC_RAY_ENV``) gives every process of the job.
+
+    A Ray worker inherits the environment its node's Ray was started with, not the driver's: a key the user exported
+    before ``fabric run`` (``WANDB_API_KEY``, ``HF_TOKEN``) is not there unless forwarded. SPEC is comma-separated:
+    ``NAME`` (the driver's value; an error when the driver has none), ``NAME=VALUE`` (that value), or a pattern with
+    ``*`` (every driver variable it matches, ``WANDB_*``; none is fine). The launcher's own per-process variables
+    (``RANK``, ``MASTER_ADDR``...) cannot be forwarded."""
+    environ = dict(os.environ if environ is None else environ)
+    found: dict[str, str] = {}
+    for item in (part.strip() for part in (spec or "").split(",")):
+        if not item:
+            continue
+        name, has_value, value = item.partition("=")
+        name = name.strip()
+        if "*" in name and not has_value:
+            found.update({k: v for k, v in environ.items() if fnmatch.fnmatchcase(k, name) and k not in _LAUNCHER_VARIABLES})
+            continue
+        if not _NAME.fullmatch(name):
+            raise LaunchError(f"--ray-env: {item!r} is not NAME, NAME=VALUE or a pattern such as WANDB_*.")
+        if name in _LAUNCHER_VARIABLES:
+            raise LaunchError(f"--ray-env: {name} is set by the launcher for each process; it cannot be forwarded.")
+        if has_value:
+            found[name] = value
+        elif name in environ:
+            found[name] = environ[name]
+        else:
+            raise LaunchError(
+                f"--ray-env names {name}, which is not set here; export it before `fabric run`, or give it as"
+                f" {name}=VALUE."
+            )
+    return found
+
+
 def _host_port(address: str) -> tuple[str | None, int | None]:
     rest = address.split("://", 1)[-1]
     host, _, port = rest.rpartition(":")
@@ -172,11 +220,13 @@ class _Job:
     timeout: float = DEFAULT_PLACEMENT_TIMEOUT_S
     node_ip: str | None = None
     gpu: bool = False
+    forwarded: dict[str, str] = field(default_factory=dict)
     group: Any = None
     ranks: list[_Rank] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.address, self.timeout, self.node_ip = _options(self.request)
+        self.forwarded = forwarded_environment(self.request.options.get("env", os.environ.get(ENV_VARIABLE)))
         if self.address:
             check_reachable(self.address)
         accelerator = self.request.environment.get("FABRIC_ACCELERATOR", "cpu").lower()
@@ -289,6 +339,7 @@ class _Job:
         starts = []
         for rank, found in zip(self.ranks, info):
             env = {
+                **self.forwarded,
                 **self.request.environment,
                 "RANK": str(rank.rank),
                 "LOCAL_RANK": str(rank.local),
@@ -333,8 +384,8 @@ class _Job:
         master_port = ray.get(self.ranks[0].actor.free_port.remote(), timeout=60)
         refs = {}
         for rank, found in zip(self.ranks, info):
-            env = {"MASTER_ADDR": info[0]["ip"], "MASTER_PORT": str(master_port), "NODE_RANK": str(rank.node),
-                   "LOCAL_RANK": str(rank.local), NODE_IP_VARIABLE: found["ip"]}  # fmt: skip
+            env = {**self.forwarded, "MASTER_ADDR": info[0]["ip"], "MASTER_PORT": str(master_port),
+                   "NODE_RANK": str(rank.node), "LOCAL_RANK": str(rank.local), NODE_IP_VARIABLE: found["ip"]}  # fmt: skip
             # one argument: pickled together, the function's Fabric and `strategy` stay one object in the actor
             refs[rank.actor.run.remote((strategy, function, args, kwargs), env, rank.local)] = rank
         result, pending = None, list(refs)
