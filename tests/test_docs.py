@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -39,8 +40,12 @@ def _documented_names(readme: str) -> dict[str, set[str]]:
 
 @pytest.mark.parametrize("plugin_dir", PLUGINS, ids=[p.name for p in PLUGINS])
 def test_every_name_in_a_plugin_readme_is_registered_and_the_reverse(plugin_dir):
-    registry = build_registry()
     distribution = _distribution(plugin_dir)
+    try:
+        metadata.distribution(distribution)
+    except metadata.PackageNotFoundError:
+        pytest.skip(f"{distribution} is not installed in this environment: its names cannot be registered here")
+    registry = build_registry()
     documented = _documented_names((plugin_dir / "README.md").read_text())
     assert documented, f"{plugin_dir}/README.md needs a '## Names' table"
     assert set(documented) <= set(KINDS), f"{plugin_dir}/README.md documents unknown kinds: {set(documented) - set(KINDS)}"
