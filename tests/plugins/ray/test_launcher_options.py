@@ -5,7 +5,6 @@ there only when forwarded. (The cluster test in ``test_ray_launcher.py`` checks 
 from __future__ import annotations
 
 import pytest
-
 from fabric_ray.launcher import LaunchError, forwarded_environment
 
 DRIVER = {"WANDB_API_KEY": "k", "WANDB_PROJECT": "p", "HF_TOKEN": "t", "RANK": "7", "PATH": "/bin"}

@@ -28,8 +28,8 @@ from __future__ import annotations
 import fnmatch
 import ipaddress
 import os
-import re
 import queue
+import re
 import signal
 import socket
 import subprocess
