@@ -7,6 +7,10 @@ prints one ``RESULT {...}`` line per fit. Scenarios:
   num_nodes=2)``) or both on one node (``pack``: ``PACK``, ``Fabric(devices=2)``); a few steps, then each worker records
   Ray's and Fabric's ranks, whether Fabric used Ray's process group, and a checksum of its weights.
 * ``mismatch``: ``Fabric(devices=4)`` under ``ScalingConfig(num_workers=2)``.
+* ``too_many``: ``ScalingConfig(num_workers=6)`` on the tests' cluster of 4 CPUs, with the recipe of
+  plugins/ray/README.md for a cluster of fixed size: ``FailureConfig(controller_failure_limit=0)`` and a short
+  ``RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S`` (here 5 s, through the job's ``runtime_env``). Without them Ray 2.60
+  waits 60 s and retries without end.
 * ``resume NAME``: 20 steps with ``loggers="ray"``, a checkpoint every 5 steps, ``FailureConfig(max_failures=1)``;
   rank 1 writes its pid and step to ``OUT/progress`` (the test may SIGKILL it). A restarted worker first empties
   its node's checkpoint folder, as on a fresh machine, so it can only resume from Ray's storage.
@@ -178,7 +182,8 @@ def fit(loop, config: dict, scaling: ScalingConfig, run: RunConfig | None = None
 def main() -> int:
     scenario, out, *args = sys.argv[1:]
     out = str(Path(out).absolute())
-    ray.init(logging_level="ERROR", _node_ip_address=os.environ.get("TEST_RAY_NODE_IP"))
+    start_timeout = {"env_vars": {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "5"}} if scenario == "too_many" else None
+    ray.init(logging_level="ERROR", _node_ip_address=os.environ.get("TEST_RAY_NODE_IP"), runtime_env=start_timeout)
     if scenario == "ranks":
         layouts = {"spread": (1, 2, "STRICT_SPREAD"), "pack": (2, 1, "PACK")}
         for run in args:
@@ -187,10 +192,12 @@ def main() -> int:
             config = {"strategy": strategy, "devices": devices, "num_nodes": nodes, "out": out, "name": f"{strategy}-{layout}"}
             fit(ranks_loop, config, ScalingConfig(num_workers=2, placement_strategy=placement))
             print("RESULT", json.dumps({"name": config["name"]}), flush=True)
-    elif scenario == "mismatch":
-        config = {"out": out, "name": "mismatch"}
+    elif scenario in ("mismatch", "too_many"):
+        config = {"out": out, "name": scenario}
+        workers = 2 if scenario == "mismatch" else 6
+        fail_fast = RunConfig(storage_path=out, name=scenario, failure_config=FailureConfig(controller_failure_limit=0))
         try:
-            fit(mismatch_loop, config, ScalingConfig(num_workers=2))
+            fit(mismatch_loop, config, ScalingConfig(num_workers=workers), fail_fast if scenario == "too_many" else None)
         except Exception as err:
             print("FAILED", type(err).__name__, err, flush=True)
             return 3

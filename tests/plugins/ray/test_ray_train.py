@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,12 @@ def test_fabric_contradicting_ray_scaling_config_is_a_clear_error(ray_cluster, t
     output = _run(ray_cluster, tmp_path, "mismatch", str(tmp_path), timeout=FIT_TIMEOUT, expect=3)
     assert "`Fabric(devices=4, num_nodes=1)`" in output, output[-4000:]
     assert "`num_workers=2`" in output and "Inside Ray Train the ScalingConfig decides: pass" in output, output[-4000:]
+    # more workers than the cluster has CPUs (2 nodes x 2): with the README's recipe for a cluster of fixed size
+    # (no controller retries, a short start timeout) fit() ends with Ray's reason instead of retrying without end
+    started = time.monotonic()
+    output = _run(ray_cluster, tmp_path, "too_many", str(tmp_path), timeout=FIT_TIMEOUT, expect=3)
+    assert "FAILED" in output and "timed out after 5.0 seconds waiting for 6 workers" in output, output[-4000:]
+    assert time.monotonic() - started < 150, "ended, not retried"
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:
