@@ -45,6 +45,8 @@ record = {
     "node_ip": os.environ.get("FABRIC_RAY_NODE_IP"),
     "restart": restart,
     "forwarded": {k: v for k, v in os.environ.items() if k.startswith("RAYTEST_")},
+    "script": os.path.abspath(__file__),
+    "cwd": os.getcwd(),
     "sum": float(total),
     "weights": [round(float(v), 6) for v in torch.cat([p.detach().flatten() for p in model.parameters()])],
 }

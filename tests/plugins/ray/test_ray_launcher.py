@@ -1,7 +1,8 @@
 """``fabric run --launcher ray`` on a real two-node Ray cluster (loopback, gloo on CPU): one command places one process
 per device with the nodes on different Ray nodes, the script's plain ``Fabric(...)`` joins, every rank's output comes
 back prefixed with its rank, the first failure ends the job with that rank's own error and exit code, and
-``--max-restarts`` runs the job again; ``--ray-env`` hands the driver's variables to every rank. Bad input (no cluster,
+``--max-restarts`` runs the job again; ``--ray-env`` hands the driver's variables to every rank, ``--ray-working-dir``
+ships a folder to the nodes. Bad input (no cluster,
 more workers than the cluster has, an unknown launcher option, a variable to forward that is not set) is refused
 within seconds. The cluster's teardown (conftest) fails the module if any Ray process is left."""
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -125,10 +127,32 @@ def test_bad_input_is_refused_within_seconds(ray_cluster, tmp_path: Path) -> Non
     assert code == 2 and "unknown option(s) --ray-adress" in output and "--ray-address" in output, output
     code, output = _fabric_run(ray_cluster, tmp_path, "env", "--launcher", "ray", "--ray-env", "RAYTEST_UNSET", *script, timeout=90)
     assert code == 2 and "--ray-env names RAYTEST_UNSET, which is not set here" in output, output
+    code, output = _fabric_run(ray_cluster, tmp_path, "wd", "--launcher", "ray", "--ray-working-dir", str(out), *script, timeout=90)
+    assert code == 2 and "is not inside --ray-working-dir" in output and "Ray copies only that folder" in output, output
     assert not _records(out)
     # `fabric env` on this machine sees the cluster (a real head node) answer
     env = subprocess.run([sys.executable, "-m", "fabric_core", "env"], capture_output=True, text=True, timeout=60, env=ray_cluster.env())
     assert "Ray cluster:" in env.stdout and f"reachable at {ray_cluster.address} (RAY_ADDRESS)" in env.stdout, env.stdout
+
+
+@pytest.mark.timeout(RUN_TIMEOUT + 60)
+def test_a_working_dir_is_copied_to_the_nodes_and_the_script_runs_from_the_copy(ray_cluster, tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    (project / "jobs").mkdir(parents=True)
+    shutil.copy(SCRIPT, project / "jobs" / "train.py")
+    out = _out(tmp_path, "wd")
+    code, output = _fabric_run(
+        ray_cluster, tmp_path, "wd", "--launcher", "ray", "--ray-working-dir", str(project), "--num-nodes", "2",
+        "--devices", "1", str(project / "jobs" / "train.py"), str(out), "ok",
+    )  # fmt: skip
+    assert code == 0, output[-6000:]
+    records = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    for record in records:
+        assert record["world"] == 2 and record["sum"] == 1.0
+        # Ray's copy of the folder (below its session folder), not the original, and that copy is the current folder
+        assert record["script"].endswith("/jobs/train.py") and not record["script"].startswith(str(project)), record
+        assert record["script"] == os.path.join(record["cwd"], "jobs", "train.py"), record
+    assert {r["node_ip"] for r in records} == {HEAD_IP, SECOND_IP}
 
 
 FN_SCRIPT = Path(__file__).with_name("launch_fn_script.py")

@@ -19,8 +19,8 @@ the processes the same way and runs the function in the actors, returning rank 0
 
 The launcher's options (``--ray-KEY VALUE`` before SCRIPT): ``address``, ``placement_timeout``, ``node_ip`` (this
 machine's address as the cluster sees it, needed only when it has several; for a loopback address it is that
-address), ``env`` (the driver's variables every process gets, see :func:`forwarded_environment`). ``ray`` is imported
-only when a job starts.
+address), ``env`` (the driver's variables every process gets, see :func:`forwarded_environment`), ``working_dir``
+(a folder Ray copies to every node; the script runs from that copy). ``ray`` is imported only when a job starts.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ DEFAULT_PLACEMENT_TIMEOUT_S = 60.0
 POLL_S = 0.2
 #: Seconds the other ranks get to end after SIGTERM before SIGKILL.
 STOP_GRACE_S = 5.0
-OPTIONS = ("address", "placement_timeout", "node_ip", "env")
+OPTIONS = ("address", "placement_timeout", "node_ip", "env", "working_dir")
 #: The driver's variables to forward when ``--ray-env`` is not given (the only way to name them for ``launch(fn)``).
 ENV_VARIABLE = "FABRIC_RAY_ENV"
 #: Set in every process: the address of the Ray node it runs on (for the script's own logs).
@@ -169,6 +169,28 @@ def forwarded_environment(spec: str | None, environ: dict[str, str] | None = Non
     return found
 
 
+def _working_dir(request: ScriptRequest) -> str | None:
+    """``--ray-working-dir DIR``: the folder Ray copies to every node (its ``runtime_env`` ``working_dir``; Ray's
+    limits apply, such as its size cap). The script must be inside it, and runs from the copy with it as the current
+    folder, so a cluster without a shared file system needs no per-node copy."""
+    given = request.options.get("working_dir")
+    if not given:
+        return None
+    folder = os.path.abspath(given)
+    if not os.path.isdir(folder):
+        raise LaunchError(f"--ray-working-dir {given!r} is not a folder.")
+    if not request.module:
+        script = os.path.abspath(request.script)
+        if os.path.commonpath([script, folder]) != folder:
+            raise LaunchError(
+                f"the script {request.script!r} is not inside --ray-working-dir {given!r}: Ray copies only that folder"
+                " to the nodes. Give the folder that holds the script (and what it imports)."
+            )
+        if not os.path.isfile(script):
+            raise LaunchError(f"the script {request.script!r} does not exist.")
+    return folder
+
+
 def _host_port(address: str) -> tuple[str | None, int | None]:
     rest = address.split("://", 1)[-1]
     host, _, port = rest.rpartition(":")
@@ -221,12 +243,14 @@ class _Job:
     node_ip: str | None = None
     gpu: bool = False
     forwarded: dict[str, str] = field(default_factory=dict)
+    working_dir: str | None = None
     group: Any = None
     ranks: list[_Rank] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.address, self.timeout, self.node_ip = _options(self.request)
         self.forwarded = forwarded_environment(self.request.options.get("env", os.environ.get(ENV_VARIABLE)))
+        self.working_dir = _working_dir(self.request)
         if self.address:
             check_reachable(self.address)
         accelerator = self.request.environment.get("FABRIC_ACCELERATOR", "cpu").lower()
@@ -243,6 +267,8 @@ class _Job:
                 logging_level="ERROR",
                 log_to_driver=log_to_driver,  # a script's output comes through this driver, prefixed with the rank
                 configure_logging=False,
+                # Ray uploads a local folder only for the whole job; it starts every actor in its node's copy
+                runtime_env={"working_dir": self.working_dir} if self.working_dir else None,
             )
         except Exception as err:
             raise LaunchError(f"cannot connect to Ray at {self.address or 'auto'!r}: {err}") from err
@@ -359,7 +385,8 @@ class _Job:
             }
             if self.gpu:  # every local rank sees its node's GPUs, in local-rank order, as under torchrun
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus_by_node[rank.node])
-            starts.append(rank.actor.start.remote(self._command(), env, os.getcwd()))
+            cwd = "" if self.working_dir else os.getcwd()  # "": the actor's own folder, Ray's copy
+            starts.append(rank.actor.start.remote(self._command(), env, cwd))
         for rank, pid in zip(self.ranks, ray.get(starts, timeout=120)):
             rank.pid = pid
         return self._watch()
@@ -401,7 +428,12 @@ class _Job:
         return result
 
     def _command(self) -> list[str]:
-        target = ["-m", self.request.script] if self.request.module else [os.path.abspath(self.request.script)]
+        if self.request.module:
+            target = ["-m", self.request.script]
+        elif self.working_dir:  # the same file, in Ray's copy of the folder
+            target = [os.path.relpath(os.path.abspath(self.request.script), self.working_dir)]
+        else:
+            target = [os.path.abspath(self.request.script)]
         return [*target, *self.request.script_args]
 
     def _watch(self) -> int:
