@@ -203,8 +203,12 @@ class Job:
 
 
 def start_job(
-    command: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+    command: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None,
+    ends_with_test: bool = False,
 ) -> Job:
+    """Start ``command`` in a session of its own, its output to ``log``. ``ends_with_test``: the job gets SIGTERM
+    when the test process dies (``PR_SET_PDEATHSIG``), for daemons a killed test run must not leave behind (a Ray
+    node); only from the thread that lives as long as the test process (the main thread)."""
     handle = open(log, "w")
     try:
         process = subprocess.Popen(
@@ -214,7 +218,7 @@ def start_job(
             env=env if env is not None else job_env(),
             cwd=cwd,
             start_new_session=True,
-            preexec_fn=_interruptible,
+            preexec_fn=_interruptible_ending_with_test if ends_with_test else _interruptible,
         )
     finally:
         handle.close()
@@ -246,6 +250,13 @@ def _interruptible() -> None:
     inherit that too, and our launchers rightly keep a signal the user ignores ignored, so a test that interrupts
     the job would wait for nothing."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _interruptible_ending_with_test() -> None:
+    _interruptible()
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def run_job(

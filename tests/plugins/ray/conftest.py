@@ -6,7 +6,8 @@ their own (Unix socket paths have a length limit). The second node joins only wi
 Ray (measured). Teardown ends both with SIGTERM (``--block`` then stops what it started), kills by pid whatever
 still runs with the cluster's temporary folder in its command line (Ray's daemons and workers), and fails the
 module's last test if anything had to be killed or survived. Never ``ray stop``: it ends every Ray process on the
-machine, other people's included.
+machine, other people's included. A test process that is killed (no teardown) still stops both nodes: each gets
+SIGTERM when it dies.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def _node(tmpdir: Path, log: Path, ip: str, *args: str):
         # "The current node timed out during startup"): START_TIMEOUT bounds the whole start anyway.
         RAY_raylet_start_wait_time_s=str(int(START_TIMEOUT)),
     )
-    return start_job(command, log, env)
+    return start_job(command, log, env, ends_with_test=True)  # a killed test run stops the node (its --block handler)
 
 def _alive_nodes(cluster: RayCluster) -> int:
     code = f"import ray; ray.init(logging_level='ERROR', _node_ip_address={HEAD_IP!r}); print('NODES', sum(n['Alive'] for n in ray.nodes()))"
