@@ -3,7 +3,7 @@
 ``python ft_train.py OUT STOP [SLEEP]`` with ``TORCHFT_LIGHTHOUSE``, ``REPLICA_GROUP_ID`` and ``NUM_REPLICA_GROUPS``
 set. Every step appends ``{"step", "participants", "committed", "t"}`` to ``OUT/progress.jsonl``; once the file
 ``STOP`` holds a step number and the step counter reached it, the weights go to ``OUT/final.pt`` and the loss over
-the whole data set to ``OUT/result.json``; the first group of the last quorum also writes ``OUT/checkpoint.ckpt``
+the whole data set (with the initial loss and the least-squares optimum) to ``OUT/result.json``; the first group of the last quorum also writes ``OUT/checkpoint.ckpt``
 with ``fabric.save``.
 """
 
@@ -29,6 +29,10 @@ def main(out: Path, stop: Path, sleep: float) -> None:
     x = torch.randn(512, 8)
     y = x @ torch.randn(8, 1) + 0.1 * torch.randn(512, 1)
     plain = nn.Linear(8, 1)
+    with torch.no_grad():  # the scale the test judges the final loss on: where training starts, and the best it can reach
+        initial_loss = nn.functional.mse_loss(plain(x), y).item()
+        design = torch.cat([x, torch.ones(len(x), 1)], dim=1)
+        optimum = nn.functional.mse_loss(design @ torch.linalg.lstsq(design, y).solution, y).item()
     optimizer = torch.optim.SGD(plain.parameters(), lr=0.05, momentum=0.9)
     model, optimizer = fabric.setup(plain, optimizer)
     loader = fabric.setup_dataloaders(DataLoader(TensorDataset(x, y), batch_size=16))
@@ -60,7 +64,8 @@ def main(out: Path, stop: Path, sleep: float) -> None:
         final_loss = nn.functional.mse_loss(plain(x), y).item()
     # An ordinary checkpoint beside the fault tolerance: written by the first group of the quorum only.
     fabric.save(out / "checkpoint.ckpt", {"model": model, "optimizer": optimizer})
-    (out / "result.json").write_text(json.dumps({"loss": final_loss, "step": manager.current_step()}))
+    result = {"loss": final_loss, "initial_loss": initial_loss, "optimum": optimum, "step": manager.current_step()}
+    (out / "result.json").write_text(json.dumps(result))
 
 
 if __name__ == "__main__":
