@@ -271,7 +271,8 @@ class _Job:
                 runtime_env={"working_dir": self.working_dir} if self.working_dir else None,
             )
         except Exception as err:
-            raise LaunchError(f"cannot connect to Ray at {self.address or 'auto'!r}: {err}") from err
+            upload = f" (or upload --ray-working-dir {self.working_dir!r})" if self.working_dir else ""
+            raise LaunchError(f"cannot connect to Ray at {self.address or 'auto'!r}{upload}: {err}") from err
 
     def run(self) -> int:
         import ray
