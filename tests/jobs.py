@@ -109,7 +109,7 @@ def job_env(**extra: str) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in _LAUNCH_VARS and k not in _SERVICE_VARS and not k.startswith(("FABRIC_", "TORCHELASTIC_", "PYTEST_", "SLURM_", "OMPI_", "PMI_"))
+        if k not in _LAUNCH_VARS and k not in _SERVICE_VARS and not k.startswith(("FABRIC_", "TORCHELASTIC_", "PET_", "PYTEST_", "SLURM_", "OMPI_", "PMI_"))
     }
     env["PYTHONUNBUFFERED"] = "1"
     # Our launchers' rendezvous port when nothing else fixes it (instead of a port from the ephemeral range).

@@ -14,7 +14,9 @@ launcher can only run a function (it creates its processes itself) is refused wi
 reason; a strategy without a launcher runs as one process driving every device.
 
 Several nodes: run the same command on each with ``--num-nodes``, its own ``--node-rank`` and the address and
-port of node 0 (``--main-address``/``--main-port``).
+port of node 0 (``--main-address``/``--main-port``). As torchrun does, an option not given takes its value from
+torchrun's variable for it (``PET_NNODES``, ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR``,
+``PET_RDZV_BACKEND``, ...: :mod:`fabric_core.environments.torchrun_variables`), which Kubeflow sets in every pod.
 
 Other launchers: ``--launcher NAME`` hands the job to a launcher a plugin registered with ``runs_scripts = True``
 (:meth:`fabric_core.launchers.base.Launcher.run_script`), which starts every node's processes from this one command
@@ -36,6 +38,7 @@ from dataclasses import dataclass, field, make_dataclass
 from typing import Any
 
 from fabric_core.connector import CLI_FLAG, CLI_SETTINGS
+from fabric_core.environments import torchrun_variables
 from fabric_core.utilities.topology import threads_per_process
 
 DEFAULT_MAIN_PORT = 29400
@@ -62,16 +65,23 @@ class _Option:
     forward: str = "given"
     #: passed to the script's ``Fabric(...)`` through its ``FABRIC_*`` variable (:data:`CLI_SETTINGS`) when set
     fabric_setting: bool = False
+    #: torchrun's variable for the option where torchrun names it otherwise (default: from :attr:`torchrun`)
+    environ: str | None = None
+
+    @property
+    def variable(self) -> str | None:
+        """The ``PET_*`` variable whose value the option takes where it is not given, as torchrun takes it."""
+        return self.environ or (torchrun_variables.variable_for(self.torchrun) if self.torchrun else None)
 
 
 OPTIONS = (
     _Option("accelerator", ("--accelerator",), "the hardware to run on (default: what the script's Fabric(...) says, else auto)", fabric_setting=True),
     _Option("strategy", ("--strategy",), "the strategy; one that starts its own processes from a function is refused", fabric_setting=True),
-    _Option("devices", ("--devices",), "devices (processes) per node: a number, 'auto', or GPU indices such as '0,1' (default: 1)", "1", fabric_setting=True),
-    _Option("num_nodes", ("--num-nodes", "--num_nodes"), "number of nodes (default: 1)", 1, int, fabric_setting=True),
-    _Option("node_rank", ("--node-rank", "--node_rank"), "index of this node, 0 = main (default: 0)", 0, int),
-    _Option("main_address", ("--main-address", "--main_address"), "address of node 0, where the processes meet (default: 127.0.0.1)", "127.0.0.1"),
-    _Option("main_port", ("--main-port", "--main_port"), f"a free port on node 0 (default: {DEFAULT_MAIN_PORT})", DEFAULT_MAIN_PORT, int),
+    _Option("devices", ("--devices",), "devices (processes) per node: a number, 'auto', or GPU indices such as '0,1' (default: 1)", "1", fabric_setting=True, environ=torchrun_variables.NPROC_PER_NODE),
+    _Option("num_nodes", ("--num-nodes", "--num_nodes"), "number of nodes (default: 1)", 1, int, fabric_setting=True, environ=torchrun_variables.NNODES),
+    _Option("node_rank", ("--node-rank", "--node_rank"), "index of this node, 0 = main (default: 0)", 0, int, environ=torchrun_variables.NODE_RANK),
+    _Option("main_address", ("--main-address", "--main_address"), "address of node 0, where the processes meet (default: 127.0.0.1)", "127.0.0.1", environ=torchrun_variables.MASTER_ADDR),
+    _Option("main_port", ("--main-port", "--main_port"), f"a free port on node 0 (default: {DEFAULT_MAIN_PORT})", DEFAULT_MAIN_PORT, int, environ=torchrun_variables.MASTER_PORT),
     _Option("precision", ("--precision",), "the precision (default: what the script's Fabric(...) says, else 32-true)", fabric_setting=True),
     _Option("hang_timeout", ("--hang-timeout", "--hang_timeout"), "end the job when a rank makes no progress for this many seconds, naming it and its line (FABRIC_HANG_TIMEOUT; default: off)", None, float, before_script=True),
     _Option("launcher", ("--launcher",), "who starts the processes: torchrun (default: torch's elastic launcher, run on every node) or a registered script launcher that starts the whole job from here (`fabric plugins --kind launcher`); its own options are --NAME-KEY VALUE, before SCRIPT", None, before_script=True),
@@ -152,6 +162,7 @@ def _help_line(option: _Option) -> str:
 def parse_run_args(argv: Sequence[str]) -> RunArgs:
     """Parse ``fabric run``'s command line: Fabric's options anywhere, the rest after SCRIPT to the script."""
     args = RunArgs()
+    given: set[str] = set()
     tokens = list(argv)
     unknown: list[tuple[str, str]] = []  # options before SCRIPT that may be the script launcher's (--NAME-KEY VALUE)
     i = 0
@@ -175,6 +186,7 @@ def parse_run_args(argv: Sequence[str]) -> RunArgs:
                 if has_inline:
                     raise CLIError(f"option {flag} takes no value.")
                 setattr(args, option.dest, True)
+                given.add(option.dest)
                 continue
             if has_inline:
                 value = inline
@@ -186,6 +198,7 @@ def parse_run_args(argv: Sequence[str]) -> RunArgs:
                 setattr(args, option.dest, option.type(value))
             except ValueError:
                 raise CLIError(f"option {flag}: invalid {option.type.__name__} value {value!r}.") from None
+            given.add(option.dest)
             continue
         if not args.script:
             if token.startswith("--") and len(token) > 2:
@@ -212,7 +225,39 @@ def parse_run_args(argv: Sequence[str]) -> RunArgs:
         args.launcher_options[spelled[len(prefix) :].replace("-", "_")] = value
     if not args.script:
         raise CLIError("missing SCRIPT: the script (or, with -m, the module) to run.")
+    take_torchrun_variables(args, given)
     return args
+
+
+def take_torchrun_variables(args: RunArgs, given: set[str]) -> None:
+    """Give every option not on the command line the value of its ``PET_*`` variable, where set, as torchrun does."""
+    for option in ALL_OPTIONS:
+        name = option.variable
+        text = torchrun_variables.get(name) if name and option.dest not in given else None
+        if text is None:
+            continue
+        try:
+            if option.dest == "num_nodes":
+                value: Any = torchrun_variables.parse_nodes(text, name)
+            elif option.dest == "devices":
+                value = str(torchrun_variables.parse_processes_per_node(text, name))
+            elif option.type is bool:
+                value = bool(int(text))  # torchrun's reading of a flag's variable
+            else:
+                value = option.type(text)
+        except ValueError as err:
+            raise CLIError(str(err) if name in str(err) else f"{name}={text!r} is not a valid value for {option.flags[0]}.") from None
+        setattr(args, option.dest, value)
+    if isinstance(args.num_nodes, tuple):
+        low, high = args.num_nodes
+        if low != high and not _static_rendezvous(args):
+            raise CLIError(
+                f"{torchrun_variables.NNODES}={low}:{high} with the {args.rdzv_backend or 'standalone'} rendezvous asks"
+                " for elastic training (the node count may change while the job runs), which `fabric run` does not"
+                " take: start the job with torchrun, or set a fixed number of nodes."
+            )
+        # torchrun's static rendezvous waits for MAX nodes (its `max_nodes`): the same world
+        args.num_nodes = high
 
 
 def launcher_option_prefix(launcher: str) -> str:

@@ -81,6 +81,24 @@ def apply_cli_settings(args: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def apply_torchrun_variables(args: dict[str, Any]) -> dict[str, Any]:
+    """Where no launcher started this process, a pod's ``PET_*`` variables (torchrun's arguments, which Kubeflow
+    sets) stand for ``devices``/``num_nodes`` left at their defaults, so ``Fabric()`` forms the world torchrun would
+    form there. Explicit values are checked against them by the environment
+    (:meth:`~fabric_core.environments.plain.PlainEnvironment.validate_settings`)."""
+    if launched_by_cli() or "TORCHELASTIC_RUN_ID" in os.environ:
+        return args  # the launcher already read them
+    from fabric_core.environments.torchrun_variables import job_shape
+
+    shape = job_shape()
+    out = dict(args)
+    if shape.num_nodes is not None and type(args["num_nodes"]) is int and args["num_nodes"] == _DEFAULTS["num_nodes"]:
+        out["num_nodes"] = shape.num_nodes
+    if shape.processes_per_node is not None and isinstance(args["devices"], str) and args["devices"] == "auto":
+        out["devices"] = shape.processes_per_node
+    return out
+
+
 def _split_plugins(plugins: Any) -> tuple[Precision | None, ClusterEnvironment | None, CheckpointIO | None]:
     if plugins is None:
         return None, None, None
@@ -349,9 +367,9 @@ def resolve(
     from fabric_core.strategies.base import Binding, Strategy
 
     registry = get_registry()
-    args = apply_cli_settings(
+    args = apply_torchrun_variables(apply_cli_settings(
         {"accelerator": accelerator, "strategy": strategy, "devices": devices, "num_nodes": num_nodes, "precision": precision}
-    )
+    ))
     accelerator, strategy, devices, num_nodes, precision = (args[k] for k in ("accelerator", "strategy", "devices", "num_nodes", "precision"))
     if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
         raise ValueError(f"`num_nodes` must be a positive integer, but got {num_nodes!r}.")

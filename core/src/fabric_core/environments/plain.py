@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import ClassVar
 
+from fabric_core.environments import torchrun_variables
 from fabric_core.environments.base import ClusterEnvironment, env_int, find_free_port
 from fabric_core.utilities.rank_zero import set_rank
 
@@ -17,6 +18,11 @@ class PlainEnvironment(ClusterEnvironment):
     process's rank from ``devices``/``num_nodes`` and ``NODE_RANK``/``LOCAL_RANK``, as the reference does;
     ``WORLD_SIZE``/``RANK`` are only read until then, and :meth:`validate_settings` refuses them when they
     disagree with what the strategy computes.
+
+    In a pod that Kubeflow configured for torchrun (``PET_NNODES``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR``, ...:
+    :mod:`~fabric_core.environments.torchrun_variables`) but whose script runs without it, the node rank and node
+    0's address come from those variables, and ``devices``/``num_nodes`` must be what they say: every node then
+    joins the one world torchrun would have formed.
     """
 
     name: ClassVar[str] = "plain"
@@ -34,16 +40,23 @@ class PlainEnvironment(ClusterEnvironment):
 
     @property
     def main_address(self) -> str:
-        return os.environ.get("MASTER_ADDR") or "127.0.0.1"
+        return os.environ.get("MASTER_ADDR") or torchrun_variables.get(torchrun_variables.MASTER_ADDR) or "127.0.0.1"
 
     @property
     def main_port(self) -> int:
-        """``MASTER_PORT``, else ``STANDALONE_PORT``, else a free port; decided on first access and then kept.
+        """``MASTER_PORT``, else ``PET_MASTER_PORT``, else ``STANDALONE_PORT``, else a free port; decided on first
+        access and then kept.
 
         Kept because the launcher reads it once per child and every process of the job must see the same value.
         """
         if self._main_port is None:
-            self._main_port = env_int("MASTER_PORT") if os.environ.get("MASTER_PORT") else find_free_port()
+            pet_port = torchrun_variables.MASTER_PORT
+            if os.environ.get("MASTER_PORT"):
+                self._main_port = env_int("MASTER_PORT")
+            elif torchrun_variables.get(pet_port):
+                self._main_port = env_int(pet_port)
+            else:
+                self._main_port = find_free_port()
         return self._main_port
 
     @classmethod
@@ -76,8 +89,9 @@ class PlainEnvironment(ClusterEnvironment):
         return env_int("LOCAL_RANK", default=0)
 
     def node_rank(self) -> int:
-        # NODE_RANK is ours/Lightning-style; GROUP_RANK is what torch's elastic agent exports.
-        for key in ("NODE_RANK", "GROUP_RANK"):
+        # NODE_RANK is ours/Lightning-style; GROUP_RANK is what torch's elastic agent exports; PET_NODE_RANK is
+        # torchrun's argument as a Kubeflow pod sets it.
+        for key in ("NODE_RANK", "GROUP_RANK", torchrun_variables.NODE_RANK):
             if os.environ.get(key):
                 return env_int(key)
         return 0
@@ -91,16 +105,21 @@ class PlainEnvironment(ClusterEnvironment):
         """
         expected = num_devices * num_nodes
         leftover = "If it is left over from an earlier job (a notebook, a shell), unset it."
+        _validate_torchrun_variables(num_devices, num_nodes)
+        pod_rank = torchrun_variables.get(torchrun_variables.NODE_RANK)
         if not self.creates_processes_externally:
             for var in ("WORLD_SIZE", "RANK"):
                 value = os.environ.get(var)
                 if value is None or value.strip() == "" or var == "WORLD_SIZE" and value.strip() == str(expected):
                     continue
+                if var == "RANK" and value.strip() == pod_rank:
+                    continue  # the Kubeflow operator's RANK of this pod, beside its PET_NODE_RANK (v1.8)
                 raise ValueError(
                     f"`{var}={value}` is set in the environment, but `LOCAL_RANK` is not, so Fabric starts the"
                     f" {expected} processes of `devices={num_devices}, num_nodes={num_nodes}` itself and assigns"
                     f" their ranks. {leftover} A launcher that starts the processes itself must set LOCAL_RANK,"
-                    " RANK and WORLD_SIZE together."
+                    " RANK and WORLD_SIZE together. In a Kubeflow PyTorchJob pod, pass"
+                    " `plugins=[KubeflowEnvironment()]`."
                 )
             return
         local_rank = os.environ["LOCAL_RANK"]
@@ -137,6 +156,30 @@ class PlainEnvironment(ClusterEnvironment):
                 f" {local} = {computed}. Export NODE_RANK on every node so that they agree, or unset the launcher"
                 " variables (LOCAL_RANK, RANK, WORLD_SIZE) if they are left over from an earlier job."
             )
+
+
+def _validate_torchrun_variables(num_devices: int, num_nodes: int) -> None:
+    """Refuse ``devices``/``num_nodes`` that contradict the pod's ``PET_*`` variables: torchrun would start the job
+    they describe, and a node that counts otherwise waits forever for processes that never come."""
+    shape = torchrun_variables.job_shape()
+    where = "(torchrun's argument as a variable: Kubeflow sets it in every pod)"
+    if shape.num_nodes is not None and num_nodes != shape.num_nodes:
+        raise ValueError(
+            f"`{torchrun_variables.NNODES}={os.environ[torchrun_variables.NNODES]}` is set in the environment {where},"
+            f" but `Fabric(num_nodes={num_nodes})` asks for {num_nodes} node(s). Pass `num_nodes={shape.num_nodes}`"
+            " or leave it out."
+        )
+    if shape.processes_per_node is not None and num_devices != shape.processes_per_node:
+        raise ValueError(
+            f"`{torchrun_variables.NPROC_PER_NODE}={os.environ[torchrun_variables.NPROC_PER_NODE]}` is set in the"
+            f" environment {where}: {shape.processes_per_node} process(es) per node, but `Fabric(devices=...)` asks"
+            f" for {num_devices}. Pass `devices={shape.processes_per_node}` or leave it out."
+        )
+    if shape.node_rank is not None and not shape.node_rank < num_nodes:
+        raise ValueError(
+            f"`{torchrun_variables.NODE_RANK}={shape.node_rank}` is set in the environment {where}, but the job has"
+            f" {num_nodes} node(s) (0 to {num_nodes - 1}). Pass the job's `num_nodes`."
+        )
 
 
 #: The reference's name for the fallback environment: the same class, so either name works in ``isinstance``.
