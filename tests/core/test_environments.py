@@ -623,8 +623,16 @@ def test_slurm_ntasks_check_applies_to_any_strategy(monkeypatch):
 
 
 def test_slurm_validate_skipped_when_interactive(monkeypatch):
+    """In an interactive allocation (`salloc` + a shell) the library starts the processes itself: SLURM's task
+    counts are not checked. The same counts in a batch job are refused, so the check is really skipped."""
     _setenv(monkeypatch, SLURM_NTASKS=1, SLURM_NTASKS_PER_NODE=1, SLURM_NNODES=1, SLURM_JOB_NAME="bash")
-    SLURMEnvironment().validate_settings(num_devices=4, num_nodes=2)
+    assert SLURMEnvironment().validate_settings(num_devices=4, num_nodes=2) is None
+    monkeypatch.setenv("SLURM_JOB_NAME", "train")  # a batch job: the same settings contradict SLURM's
+    with pytest.raises(ValueError, match=r"`devices=4` in Fabric, but .* `--ntasks-per-node=1` does not match"):
+        SLURMEnvironment().validate_settings(num_devices=4, num_nodes=2)
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "4")
+    with pytest.raises(ValueError, match=r"`num_nodes=2` in Fabric, but .* `--nodes=1` does not match"):
+        SLURMEnvironment().validate_settings(num_devices=4, num_nodes=2)
 
 
 # ---------------------------------------------------------------------------------------------- LSF

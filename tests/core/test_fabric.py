@@ -1105,10 +1105,30 @@ def test_log_converts_tensors_and_passes_keywords():
     assert logger.calls[-1]["metrics"] == {"requires_grad": 2.0}
 
 
-def test_log_without_loggers_is_a_no_op():
-    fabric = Fabric()
-    fabric.log("loss", torch.tensor(1.0))
-    fabric.log_dict({"loss": 1.0}, step=1)
+def test_log_without_loggers_is_a_no_op(tmp_path, monkeypatch):
+    """Without loggers, logging returns at once: no tensor is read (`.item()` would wait for the device on a GPU),
+    nothing is written, and no default logger appears. With a logger the same calls read every tensor."""
+    reads = []
+
+    class Recorded(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            if func is torch.Tensor.item:
+                reads.append(func.__name__)
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    def metrics():
+        return {"loss": torch.tensor(1.0).as_subclass(Recorded), "nested": {"acc": torch.tensor(0.5).as_subclass(Recorded)}}
+
+    monkeypatch.chdir(tmp_path)
+    fabric = Fabric(accelerator="cpu")
+    assert fabric.loggers == []
+    assert fabric.log("loss", metrics()["loss"]) is None
+    assert fabric.log_dict(metrics(), step=1) is None
+    assert reads == [] and fabric.loggers == [] and list(tmp_path.iterdir()) == []
+    logger = RecordingLogger()
+    Fabric(accelerator="cpu", loggers=[logger]).log_dict(metrics(), step=1)  # the control: now they are read
+    assert reads == ["item", "item"] and logger.calls == [{"metrics": {"loss": 1.0, "nested": {"acc": 0.5}}, "step": 1}]
 
 
 def test_log_through_a_real_csv_logger(tmp_path):

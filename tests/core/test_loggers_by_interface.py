@@ -56,9 +56,15 @@ def test_a_logger_by_interface_receives_metrics_and_is_finalized():
 
 
 def test_a_logger_without_finalize_is_skipped_at_the_end():
-    logger = ForeignLogger(with_finalize=False)
-    fabric = Fabric(accelerator="cpu", loggers=logger)
-    fabric.teardown()  # no error: finalize is optional, as on the reference's base class
+    """finalize is optional, as on the reference's base class: the logger without it gets its metrics and is left
+    out at the end; the logger beside it that has one is still finalized."""
+    bare, full = ForeignLogger(with_finalize=False), ForeignLogger()
+    fabric = Fabric(accelerator="cpu", loggers=[bare, full])
+    fabric.log("loss", torch.tensor(1.5), step=2)
+    fabric.teardown()  # no error from the missing finalize
+    assert bare.metrics == full.metrics == [({"loss": 1.5}, 2)]
+    assert bare.finalize is None and bare.statuses == []
+    assert full.statuses == ["success"]
 
 
 @pytest.mark.parametrize("missing", ["log_metrics", "log_hyperparams", "name", "version"])

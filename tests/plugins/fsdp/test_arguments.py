@@ -233,24 +233,36 @@ def test_sharding_strategy_enum_and_hybrid_zero2(value, name: str, reshards: boo
 
 
 # ----------------------------------------------------------------------------------------------------- FSDP1 kwargs
+_IGNORED_MODULE = nn.Linear(2, 2)
+_IGNORED_PARAMS = list(nn.Linear(2, 2).parameters())
+
+
 @pytest.mark.parametrize(
-    "kwargs",
+    ("kwargs", "honoured"),
     [
-        {"use_orig_params": True},
-        {"limit_all_gathers": True},
-        {"backward_prefetch": BackwardPrefetch.BACKWARD_PRE},
-        {"forward_prefetch": False},
-        {"sync_module_states": True},
-        {"param_init_fn": None},
-        {"process_group": None},
-        {"ignored_modules": [nn.Linear(2, 2)]},
-        {"ignored_states": list(nn.Linear(2, 2).parameters())},
-        {"device_id": 0},
+        # what FSDP2 does anyway: accepted, nothing left for the strategy to do
+        ({"use_orig_params": True}, {}),
+        ({"limit_all_gathers": True}, {}),
+        ({"backward_prefetch": BackwardPrefetch.BACKWARD_PRE}, {}),
+        ({"forward_prefetch": False}, {}),
+        ({"param_init_fn": None}, {}),
+        ({"process_group": None}, {}),
+        # what the strategy carries out at setup (tests/plugins/fsdp/scripts/argument_checks.py runs each on 2 ranks)
+        ({"sync_module_states": True}, {"sync_module_states": True}),
+        ({"ignored_modules": [_IGNORED_MODULE]}, {"ignored_modules": [_IGNORED_MODULE]}),
+        ({"ignored_states": _IGNORED_PARAMS}, {"ignored_params": _IGNORED_PARAMS}),
+        ({"device_id": 0}, {"device_id": 0}),
     ],
-    ids=lambda kwargs: next(iter(kwargs)),
+    ids=lambda v: next(iter(v)) if isinstance(v, dict) and v else None,
 )
-def test_fsdp1_keyword_arguments_fsdp2_honours(kwargs: dict) -> None:
-    FSDPStrategy(**kwargs)
+def test_fsdp1_keyword_arguments_fsdp2_honours(kwargs: dict, honoured: dict) -> None:
+    """Each FSDP1 keyword argument FSDP2 can honour is accepted and lands where setup reads it: a no-op one leaves
+    the defaults, the others set exactly their field (nothing dropped, nothing else changed)."""
+    options = fsdp_arguments.fsdp1_options(kwargs)
+    assert options == fsdp_arguments.FSDP1Options(**honoured), (kwargs, options)
+    ignored = _IGNORED_MODULE.parameters() if "ignored_modules" in kwargs else honoured.get("ignored_params", ())
+    assert options.resolve_ignored() == frozenset(ignored)
+    assert FSDPStrategy(**kwargs)._fsdp1 == options  # what the strategy's setup reads
 
 
 @pytest.mark.parametrize(
