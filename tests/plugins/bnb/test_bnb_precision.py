@@ -133,21 +133,42 @@ def test_setup_of_a_model_built_outside_honours_ignore_modules_and_rewires_the_o
     assert losses[-1] < 0.7 * losses[0], losses
 
 
+def _bnb_int8_reference(weight: torch.Tensor, bias: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """What bitsandbytes itself computes for ``weight``: its own int8 training layer, fresh (no gradient, so it
+    quantizes the weight it is given)."""
+    layer = bnb.nn.Linear8bitLt(weight.shape[1], weight.shape[0], has_fp16_weights=True, threshold=6.0)
+    layer.weight = bnb.nn.Int8Params(weight.detach().clone().half(), requires_grad=True, has_fp16_weights=True)
+    layer.bias = nn.Parameter(bias.detach().clone().half())
+    with torch.no_grad():
+        return layer.train()(x.half()).float()
+
+
 def test_int8_training_requantizes_without_zero_grad_first():
-    """bitsandbytes reuses the last int8 weights while `.grad` is set; our layer quantizes the current weights."""
+    """bitsandbytes reuses the last int8 weights while `.grad` is set; our layer quantizes the current weights.
+
+    After a step, with `.grad` still set, the layer's output equals bitsandbytes' own int8 result for the updated
+    weights (the same quantization: equal to float16 rounding) and is far from its result for the weights before the
+    step (a stale quantization), and from a plain float matmul of those."""
     fabric = _fabric("int8-training")
     with fabric.init_module():
         model = Net()
     model, optimizer = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=0.5))
     x, y = _data()
+    before = model.up.weight.detach().clone()
     fabric.backward(nn.functional.mse_loss(model(x), y))
     optimizer.step()  # .grad stays set: no zero_grad before the next forward
+    assert model.up.weight.grad is not None
     with torch.no_grad():
-        expected = nn.functional.linear(
-            x.half(), model.up.weight.detach().half(), model.up.bias.detach().half()
-        )
-        got = model.module.up(x.half())
-    assert (got.float() - expected.float()).abs().max() < 0.05 * expected.abs().max()
+        got = model.module.up(x.half()).float()
+    bias = model.up.bias
+    current, stale = _bnb_int8_reference(model.up.weight, bias, x), _bnb_int8_reference(before, bias, x)
+    plain = nn.functional.linear(x.half().float(), model.up.weight.detach().float(), bias.detach().float())
+    tolerance = 5e-3
+    # the step moved the output far more than the tolerance (measured 0.079 against bitsandbytes' result)
+    assert (stale - current).abs().max() > 10 * tolerance
+    assert (got - current).abs().max() <= tolerance, (got - current).abs().max()
+    # and int8 rounding stays well inside the step's change against plain torch (measured 0.009)
+    assert (got - plain).abs().max() < 0.3 * (stale - current).abs().max()
 
 
 def test_qlora_with_8bit_adamw_reduces_the_loss():
