@@ -451,6 +451,14 @@ def prepare_environment(args: RunArgs, nprocs: int, devices: str) -> dict[str, s
         from fabric_core.runtime.hang import HANG_TIMEOUT_VARIABLE
 
         values[HANG_TIMEOUT_VARIABLE] = f"{args.hang_timeout:g}"
+    # One job id for all its workers and all their restarts (torchrun keeps this environment): the run's identity.
+    # A job of several nodes (this command runs on each) derives it from where they meet, so all nodes agree.
+    from fabric_core.runtime.run import job_environment
+
+    meeting = None
+    if args.num_nodes > 1:
+        meeting = f"{args.rdzv_endpoint or f'{args.main_address}:{args.main_port}'}/{args.rdzv_id or ''}"
+    values.update(job_environment(new=True, rendezvous=meeting))
     os.environ.update(values)
     # One intra-op thread pool per process sharing the cores; oversubscription makes CPU runs many times slower.
     os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_process(nprocs)))

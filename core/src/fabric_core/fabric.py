@@ -7,6 +7,7 @@ strategy attributes and hooks.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 from collections.abc import Callable, Generator, Iterable, Mapping
@@ -27,8 +28,9 @@ from fabric_core import connector, io, loop, strategies, utilities
 from fabric_core import loggers as experiment_loggers
 from fabric_core.accelerators.base import Accelerator
 from fabric_core.plugins.host import get_registry
-from fabric_core.runtime import failures, hang
+from fabric_core.runtime import failures, hang, run
 from fabric_core.runtime.hang import counts_as_progress, report_progress, start_watchdog
+from fabric_core.runtime.run import RunInfo
 from fabric_core.strategies.base import Strategy
 from fabric_core.utilities.apply import apply_to_collection, convert_tensors_to_scalars, convert_to_tensors
 from fabric_core.utilities.attach import callback_complaint, hand_fabric_to
@@ -90,6 +92,9 @@ class Fabric:
             ``"tensorboard"``, ``"wandb"`` with fabric-wandb, ...; ``fabric plugins --kind logger`` lists them),
             ``{name: options}`` to pass options, a logger object (any object with the reference's ``Logger`` members:
             ``name``, ``version``, ``log_metrics``, ``log_hyperparams``), or a list mixing these.
+        run_dir: the run folder, where records that outlive a restart go (the goodput ledger, ...): the same in every
+            attempt of the run. Default: ``FABRIC_RUN_DIR``, else ``<loggers' root>/runs/<run id>``
+            (:attr:`run_info`; docs/decisions.md, "Run identity").
     """
 
     def __init__(
@@ -103,6 +108,7 @@ class Fabric:
         plugins: Any = None,
         callbacks: Any = None,
         loggers: Any = None,
+        run_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         # In a process a launcher started (ours or torchrun): an uncaught error goes to the launcher's error file
         # too, so the job's last words quote the rank that failed first (fabric_core/utilities/failures.py).
@@ -120,6 +126,10 @@ class Fabric:
         self._precision = resolved.precision
         self._callbacks: list[Any] = _as_list(callbacks, "callbacks", callback_complaint)
         self._loggers: list[Logger] = connector.resolve_loggers(loggers)
+        if run_dir is not None and not isinstance(run_dir, (str, os.PathLike)):
+            raise TypeError(f"`Fabric(run_dir=...)` must be a path (str or os.PathLike), got {run_dir!r}.")
+        self._run_dir = run_dir
+        self._run_info: RunInfo | None = None
         self._models_setup = 0
         self._launched = False
         #: what `backward` may skip for the strategy's precision (wrappers.FastPaths)
@@ -173,6 +183,23 @@ class Fabric:
     @property
     def is_global_zero(self) -> bool:
         return self._strategy.is_global_zero
+
+    @property
+    def run_info(self) -> RunInfo:
+        """This run's id, this attempt's number and the run folder (the same on every rank; the id and the folder
+        in every attempt). See :mod:`fabric_core.runtime.run`."""
+        if self._run_info is not None:
+            return self._run_info
+        info = run.resolve_run(self._run_dir, logs_root=run.logs_root(self._loggers))
+        if not (self._launched or not self._strategy.requires_launch):
+            return info  # before launch() the ranks are not known yet: nobody keeps the record
+        info = dataclasses.replace(
+            info,
+            keeps_record=self.is_global_zero,
+            details={"world_size": self.world_size, "num_nodes": self._strategy.num_nodes},
+        )
+        self._run_info = info
+        return info
 
     @property
     def loggers(self) -> list[Logger]:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from fabric_core.launchers.base import Launcher, start_method_hint
 from fabric_core.runtime import failures
 from fabric_core.runtime.process_group import abandon_at_exit, release_process_group
+from fabric_core.runtime.run import job_environment
 from fabric_core.utilities.topology import export_rendezvous
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ class MultiProcessingLauncher(Launcher):
         error_dir = tempfile.mkdtemp(prefix="fabric-errors-")  # what workers record of a hang (utilities/hang.py)
         process_context = mp.start_processes(
             _worker,
-            args=(self.strategy, function, args, kwargs, results, state, os.getpid(), error_dir),
+            args=(self.strategy, function, args, kwargs, results, state, os.getpid(), error_dir, job_environment()),
             nprocs=self.num_processes,
             start_method=self.start_method,
             join=False,
@@ -248,6 +249,7 @@ def _worker(
     state: _GlobalState | None,
     caller_pid: int,
     error_dir: str,
+    job: dict[str, str],
 ) -> None:
     """What each worker runs: take its rank, restore the caller's global state, run, report rank 0's result."""
     from fabric_core.launchers.subprocess_script import die_with_parent
@@ -255,6 +257,7 @@ def _worker(
     # No orphans: if the caller is killed, its workers go too (a forkserver is their parent: do not compare).
     die_with_parent(caller_pid if os.getppid() == caller_pid else None)
     os.environ[failures.ERROR_FILE_VARIABLE] = _error_file(error_dir, process_idx)
+    os.environ.update(job)  # the workers belong to the caller's job (the run's identity, runtime/run.py)
     if state is not None:
         state.restore()
         # Tensors that travelled through spawn's pickling live in shared memory, so every worker would train

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from fabric_core.launchers.base import Launcher, start_method_hint
 from fabric_core.runtime import failures, hang
 from fabric_core.runtime.process_group import release_process_group
+from fabric_core.runtime.run import job_environment
 from fabric_core.utilities.topology import Topology, export_variables, threads_per_process
 
 if TYPE_CHECKING:
@@ -457,6 +458,7 @@ class SubprocessScriptLauncher(Launcher):
         child = dict(os.environ)
         child.update(self._topology(env, local_rank).environment(env.main_address, env.main_port))
         child[CHILD_FLAG] = "1"
+        child.update(job_environment())  # the children belong to this process's job (the run's identity)
         if "OMP_NUM_THREADS" not in os.environ:
             child["OMP_NUM_THREADS"] = str(threads_per_process(self.num_processes))
         return child

@@ -5,7 +5,8 @@
 * :mod:`~fabric_core.runtime.process_group`: ending a process that used ``torch.distributed`` cleanly;
 * :mod:`~fabric_core.runtime.progress`: a progress bar that only global rank 0 shows;
 * :mod:`~fabric_core.runtime.throughput`: throughput and model FLOPs utilisation;
-* :mod:`~fabric_core.runtime.resume`: resuming a run (every rank's random generators, the newest checkpoint).
+* :mod:`~fabric_core.runtime.resume`: resuming a run (every rank's random generators, the newest checkpoint);
+* :mod:`~fabric_core.runtime.run`: the run's identity (run id, attempt number) and its folder.
 
 It stands beside :mod:`fabric_core.io` and imports only that and :mod:`fabric_core.utilities`, so strategies,
 launchers and the wrappers below the facade can use it. Modules are imported where used (nothing here).

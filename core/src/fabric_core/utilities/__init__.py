@@ -2,7 +2,8 @@
 
 The names the well-known Fabric exports from its ``utilities`` package are importable from here too, each loaded on
 first access (so ``import fabric_core.utilities.<module>`` stays as cheap as the module itself). ``Throughput``,
-``ThroughputMonitor`` and ``measure_flops`` are :mod:`fabric_core.runtime.throughput`'s, handed on by name only:
+``ThroughputMonitor`` and ``measure_flops`` are :mod:`fabric_core.runtime.throughput`'s, ``RunInfo``
+:mod:`fabric_core.runtime.run`'s, handed on by name only:
 ``utilities`` is the ground floor and imports nothing above it.
 """
 
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from fabric_core.utilities.warnings import disable_possible_user_warnings
 
 __all__ = [
+    "RunInfo",
     "Throughput",
     "ThroughputMonitor",
     "disable_possible_user_warnings",
@@ -34,6 +36,7 @@ __getattr__, __dir__ = lazy_exports(
     __name__,
     "fabric-core",
     {
+        "RunInfo": "fabric_core.runtime.run",
         "Throughput": "fabric_core.runtime.throughput",
         "ThroughputMonitor": "fabric_core.runtime.throughput",
         "measure_flops": "fabric_core.runtime.throughput",
