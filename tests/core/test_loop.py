@@ -48,12 +48,22 @@ def test_accumulated_gradients_equal_one_large_batch_on_one_device():
     assert torch.allclose(model.weight.grad, reference.weight.grad, atol=1e-6)
 
 
-@pytest.mark.parametrize("steps", [0, -1, 1.5, True, "2"])
+@pytest.mark.parametrize("steps", [0, -1])
 def test_accumulate_refuses_a_bad_number_of_steps(steps):
     fabric = Fabric(accelerator="cpu")
     model, _ = _setup(fabric)
     with pytest.raises(ValueError, match="positive number of micro-batches"), fabric.accumulate(model, steps):
         pass
+
+
+@pytest.mark.parametrize("steps", [2.5, 2.0, True, "2", None])
+def test_accumulate_refuses_a_count_that_is_not_an_int_with_a_type_error(steps):
+    """docs/decisions.md: a bad argument type is a TypeError (2.5 used to be a ValueError), naming what was given."""
+    fabric = Fabric(accelerator="cpu")
+    model, _ = _setup(fabric)
+    with pytest.raises(TypeError, match=rf"whole number of micro-batches \(an int\), got {type(steps).__name__} "):
+        with fabric.accumulate(model, steps):
+            pass
 
 
 def test_accumulate_needs_a_set_up_model():

@@ -27,7 +27,12 @@ def accumulate(fabric: Any, module: Any, steps: int) -> Generator[bool, None, No
     """One micro-batch of a window of ``steps``; yields whether it is the window's last (gradients synchronised)."""
     from fabric_core.wrappers import FabricModule, unwrap_compiled
 
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+    if isinstance(steps, bool) or not isinstance(steps, int):  # bad types are TypeErrors (docs/decisions.md)
+        raise TypeError(
+            f"`fabric.accumulate(model, steps)` needs a whole number of micro-batches (an int), got"
+            f" {type(steps).__name__} {steps!r}."
+        )
+    if steps < 1:
         raise ValueError(f"`fabric.accumulate(model, steps)` needs a positive number of micro-batches, got {steps!r}.")
     module, _ = unwrap_compiled(module)
     if not isinstance(module, FabricModule):

@@ -8,7 +8,9 @@ restores it exactly.
 How it stays correct for every strategy: the averages live beside the parameters in the parameters' own layout. A
 replicated parameter (single device, DDP) has a replicated average; a sharded one (an FSDP2 or tensor-parallel
 DTensor) has a DTensor average with the same mesh and placements, so each rank updates only its shard, with no
-communication and no full copy in memory. ``state_dict`` gathers whole tensors (collective: every rank saves, as
+communication and no full copy in memory. FSDP2 modules are resharded before the parameters are read or written
+(a forward leaves the root's gathered weights in place until the next backward), so the block's forward gathers
+the averages and the next forward after it gathers the trained weights again. ``state_dict`` gathers whole tensors (collective: every rank saves, as
 ``fabric.save`` calls it) so a checkpoint holds the full averages whatever the strategy; ``load_state_dict`` lays
 them out again like the parameters, so a checkpoint of one strategy loads into another. Parameters that an engine
 keeps outside the module (DeepSpeed ZeRO-3's partitions) are not supported.
@@ -28,10 +30,13 @@ __all__ = ["EMA"]
 
 
 def _named_parameters(model: Module) -> Iterator[tuple[str, Parameter]]:
+    """The trainable parameters under the user's names, sharded ones in their sharded (stepped) form."""
+    from fabric_core.utilities.dtensor import reshard
     from fabric_core.wrappers import FabricModule, unwrap_compiled
 
     model, _ = unwrap_compiled(model)
     module = model.module if isinstance(model, FabricModule) else model  # the user's names, whatever the wrapping
+    reshard(module)
     return ((name, p) for name, p in module.named_parameters() if p.requires_grad)
 
 
@@ -85,6 +90,7 @@ class EMA:
         try:
             yield
         finally:
+            params = dict(_named_parameters(self.model))  # resharded again: the block's forward gathered averages
             with torch.no_grad():
                 for name, p in params.items():
                     p.copy_(trained[name])

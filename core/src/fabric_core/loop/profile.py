@@ -7,7 +7,9 @@ sorted by ``sort_by``) and writes it to ``<dirpath>/summary-rank0.txt``.
 
 With ``schedule=`` (a ``torch.profiler.schedule`` or a dict of its arguments: ``wait``, ``warmup``, ``active``,
 ``repeat``, ``skip_first``), call ``prof.step()`` once per iteration and only the active steps are recorded; each
-finished cycle writes a trace. Without it, the whole block is one trace.
+finished cycle writes a trace, and the summary covers every recorded step of every cycle (torch's profiler drops a
+cycle's events when the next begins unless asked to keep them: a loop whose length is a multiple of the cycle would
+otherwise get an empty table). Without it, the whole block is one trace.
 """
 
 from __future__ import annotations
@@ -71,12 +73,16 @@ def profile(
         record_shapes=record_shapes,
         profile_memory=profile_memory,
         with_stack=with_stack,
+        acc_events=scheduled is not None,  # the summary covers every cycle, not only the one open at the end
     ) as prof:
         yield prof
     if scheduled is None:
         prof.export_chrome_trace(str(folder / f"rank{rank}.pt.trace.json"))
     if rank == 0:
         key = sort_by or ("cuda_time_total" if ProfilerActivity.CUDA in activities else "cpu_time_total")
-        table = prof.key_averages().table(sort_by=key, row_limit=row_limit)
+        events = prof.key_averages()
+        table = events.table(sort_by=key, row_limit=row_limit) if len(events) else ""
+        if not table.strip():
+            table = "No step was recorded: the block ended before the schedule's first active step.\n"
         (Path(dirpath) / "summary-rank0.txt").write_text(table)
         print(table)

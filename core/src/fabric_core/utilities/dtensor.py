@@ -30,6 +30,24 @@ def has_dtensor_parameters(module: Module) -> bool:
     return _MODULE in sys.modules and any(is_dtensor(p) for p in module.parameters())
 
 
+def reshard(module: Module) -> None:
+    """Put every FSDP2 module in ``module`` back in its sharded state, so ``module.parameters()`` are the sharded
+    parameters that the optimizer steps and the next forward gathers from.
+
+    After a forward, FSDP2 keeps the root module's gathered parameters (and every module's, with
+    ``reshard_after_forward=False``) registered in their place until the backward: code that reads or writes the
+    parameters between a forward and the next backward (an EMA swapping weights in for an evaluation) would otherwise
+    see plain tensors, and a write there would be lost at the next gather (or never gathered at all).
+    """
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    fsdp_module = getattr(fsdp, "FSDPModule", None)
+    if fsdp_module is None:
+        return  # nothing was sharded by FSDP2 in this process
+    for submodule in module.modules():
+        if isinstance(submodule, fsdp_module):
+            submodule.reshard()
+
+
 def to_full_tensor(value: Any) -> Any:
     """A DTensor as the whole tensor it represents (every rank of its mesh must call this); anything else as is."""
     return value.full_tensor() if is_dtensor(value) else value

@@ -1,0 +1,33 @@
+"""``EMA.average_parameters()`` under sharding strategies, 2 real processes each (``scripts/ema_checks.py``).
+
+FSDP2 keeps the root module's gathered weights after a forward until the next backward: the block must evaluate
+with the averages whether or not a forward came before it, and leave the model computing exactly what it computed
+before (the averages must not stay in the gathered copy, nor the trained weights be written only to the shards).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from jobs import read_json, run_ranks
+
+pytestmark = pytest.mark.multiprocess
+
+SCRIPT = Path(__file__).parent / "scripts" / "ema_checks.py"
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "model_parallel"])
+def test_average_parameters_evaluates_with_the_averages_and_restores_the_model(tmp_path: Path, strategy: str):
+    run_ranks(SCRIPT, str(tmp_path), strategy, world_size=2, tmp_path=tmp_path, timeout=300)
+    r = read_json(tmp_path / "result.json")
+    assert r["strategy"] == {"fsdp": "FSDPStrategy", "model_parallel": "ModelParallelStrategy"}[strategy]
+    for case in ("no_forward_before", "forward_before"):
+        checks = r[case]
+        assert checks["inside_vs_averages"] < 1e-6, (case, checks)  # the block's forward: one process with the averages
+        assert checks["inside_differs_from_trained"] > 1e-3, (case, checks)  # (the averages are not the weights)
+        assert checks["after_vs_trained"] < 1e-6, (case, checks)  # after it: one process with the trained weights
+        assert checks["weights_restored"], (case, checks)
+    assert r["forward_before"]["after_equals_before"] is True  # bit for bit what the model computed before the block
+    assert r["update_after_forward"] < 1e-6
+    assert r["next_step_vs_one_process"] < 1e-6
