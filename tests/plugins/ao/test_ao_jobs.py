@@ -51,13 +51,30 @@ FSDP_SCRIPT = textwrap.dedent(
     g = torch.Generator().manual_seed(10 + fabric.global_rank)
     x = torch.randn(64, 32, generator=g)
     y = (x[:, :16] * 2).sin()
-    losses = []
+    layers = [m for m in model.modules() if isinstance(m, Float8Linear)]
+
+
+    def scales():
+        # what the next forward all-gathers with (torchao's precomputed scale on each local shard), and what it must
+        # be: float8's max over the whole weight's amax, recomputed here from the full tensor in plain torch
+        held = [m.weight._local_tensor._precomputed_scale for m in layers]
+        wanted = [(torch.finfo(torch.float8_e4m3fn).max / m.weight.full_tensor().detach().abs().max().double()).float()
+                  for m in layers]
+        return held, wanted
+
+
+    losses, scale_errors, stale_moves, missing = [], [], [], 0
     for _ in range(15):
         optimizer.zero_grad()
         loss = nn.functional.mse_loss(model(x), y)
         fabric.backward(loss)
+        _, before = scales()
         optimizer.step()
         losses.append(loss.item())
+        held, wanted = scales()
+        missing += sum(h is None for h in held)
+        scale_errors += [abs(float(h) / float(w) - 1) for h, w in zip(held, wanted) if h is not None]
+        stale_moves += [abs(float(b) / float(w) - 1) for b, w in zip(before, wanted)]
     float8 = sum(isinstance(m, Float8Linear) for m in model.modules())
     weight = model.module[0].weight
     fabric.save(folder + "/ckpt", {"model": model, "optimizer": optimizer})
@@ -70,7 +87,8 @@ FSDP_SCRIPT = textwrap.dedent(
     with torch.no_grad():
         out_after = fresh(x)
     print("RESULT " + json.dumps({
-        "first": losses[0], "last": losses[-1], "float8": float8,
+        "first": losses[0], "last": losses[-1], "float8": float8, "missing_scales": missing,
+        "scale_error": max(scale_errors, default=None), "stale_move": max(stale_moves), "scales_checked": len(scale_errors),
         "weight_type": type(weight).__name__,
         "inner": type(getattr(weight, "_local_tensor", weight)).__name__,
         "exact": before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before),
@@ -93,6 +111,13 @@ def test_float8_with_fsdp_two_processes(tmp_path):
         # FSDP2 shards the float8 weight wrapper: a DTensor whose local shard all-gathers in float8
         assert result["weight_type"] == "DTensor" and result["inner"] == "WeightWithDynamicFloat8CastTensor", result
         assert result["last"] < 0.6 * result["first"], result
+        # "scales precomputed after every step" (the README): after each of the 15 steps every float8 weight holds
+        # the scale of its updated full weight (relative error 1e-6), while the pre-step weights' scale is further
+        # off than that (a stale or skipped precompute would show)
+        assert result["missing_scales"] == 0, result
+        assert result["scales_checked"] == 15 * 3, result
+        assert result["scale_error"] < 1e-6, result
+        assert result["stale_move"] > 100 * 1e-6, result
         assert result["exact"] and result["same_output"], result
 
 
