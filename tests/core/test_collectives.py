@@ -72,3 +72,48 @@ def test_single_device_collective_is_the_identity():
     assert c.all_reduce(t) is t and c.broadcast(t, src=0) is t and c.all_gather([], t) == [t]
     assert (c.rank, c.world_size) == (0, 1) and isinstance(c, Collective)
     assert c.create_group().group.size() == 1
+
+
+REFERENCE_SCRIPT = Path(__file__).parent / "scripts" / "collectives_reference_job.py"
+
+
+@pytest.mark.multiprocess
+def test_reduce_scatter_all_to_all_gather_object_and_monitored_barrier_equal_torch_distributed(tmp_path):
+    """The four documented collectives the job above does not use, on 2 processes, each beside torch.distributed's
+    own call on the same inputs: the same results (every reduction op, gather_object to rank 0 and to rank 1), the
+    caller's output tensors filled and returned, and a monitored barrier that names the late rank within its
+    timeout with torch's own error."""
+    run_ranks(REFERENCE_SCRIPT, str(tmp_path), world_size=2, timeout=120, tmp_path=tmp_path)
+    seen = [json.loads((tmp_path / f"reference{r}.json").read_text()) for r in range(2)]
+    # make test's torch has them all on gloo; on an older torch (the XLA lane's) ours must fail as torch's own does
+    has_all = torch.__version__ >= "2.13"
+    for rank, s in enumerate(seen):
+        for op in ("sum", "max", "min", "product"):
+            case = s[f"reduce_scatter_{op}"]
+            assert case["ours"] == case["torch"], (rank, op, case)
+            assert case["filled"] or not has_all, (rank, op, case)
+        a2a = s["all_to_all"]
+        assert a2a["ours"] == a2a["torch"], (rank, a2a)
+        assert a2a["filled"] or not has_all, (rank, a2a)
+        if s["reduce_scatter_sum"]["filled"]:  # element k of every rank's input for this rank, reduced
+            rows = [[(r * 100.0 + rank * 10.0 + k) ** 1.5 for k in range(3)] for r in range(2)]
+            assert s["reduce_scatter_sum"]["ours"] == pytest.approx([a + b for a, b in zip(*rows)], rel=1e-6)
+            assert s["reduce_scatter_max"]["ours"] == pytest.approx([max(a, b) for a, b in zip(*rows)], rel=1e-6)
+        if a2a["filled"]:
+            for r in range(2):  # row r came from rank r's input for this rank
+                assert a2a["ours"][r] == pytest.approx([(r * 100.0 + rank * 10.0 + k) ** 1.5 for k in range(3)])
+        for dst in (0, 1):
+            case = s[f"gather_object_{dst}"]
+            assert case["ours"] == case["torch"], (rank, dst, case)
+            if rank == dst:
+                assert case["ours"] == [{"rank": r, "payload": [r] * (r + 1), "name": f"r{r}"} for r in range(2)]
+            else:
+                assert case["ours"] is None
+        assert s["monitored_all_arrive"] == {"ours": None, "torch": None}
+        after = json.loads((tmp_path / f"reference{rank}.after.json").read_text())
+        assert after == {"default_group_destroyed": True}
+    late = {who: seen[0][f"monitored_late_{who}"] for who in ("ours", "torch")}
+    for who, case in late.items():
+        assert case["error"] is not None and "Rank 1 failed to pass monitoredBarrier" in case["error"], (who, case)
+        assert case["seconds"] < 2.4, (who, case)  # ended by its own timeout, not by rank 1 arriving
+    assert seen[0]["monitored_same_error"], late
