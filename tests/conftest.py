@@ -19,6 +19,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import dependencies
 import pytest
 from jobs import end_leftover_jobs
 
@@ -100,6 +101,18 @@ class PluginSites:
         self, site: str, code: str, env: dict[str, str] | None = None
     ) -> subprocess.CompletedProcess[str]:
         return self.run(site, ["python", "-c", code], env=env)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In the venv `make setup` made, a missing dependency stops the run before the first test and an import that
+    fails is an error, not a skip (``tests/dependencies.py``); elsewhere (the XLA lane's partial venv, the GPU
+    lane's interpreter) tests skip what is not installed."""
+    if not dependencies.is_make_setup_venv():
+        return
+    absent = dependencies.missing()
+    if absent:
+        raise pytest.UsageError(dependencies.report(absent))
+    pytest.importorskip = dependencies.strict_importorskip
 
 
 @pytest.fixture(autouse=True)
