@@ -9,8 +9,12 @@ layer built on the CPU stays in full precision until ``.to(device)``. The subcla
 * ``load_state_dict`` accepts either a quantized state (from ``fabric.save`` of a quantized model, loaded
   bit-exactly) or a full-precision weight (a pretrained checkpoint, quantized on load, also into a layer built on
   the meta device);
+* a 4-bit layer evaluates on the CPU as it trains (bitsandbytes' CPU inference repacking changes the weight's
+  quantization state for good, and fails for small layers);
 * the int8 training layer re-quantizes its float16 weight at every forward, so its result never depends on whether
-  ``zero_grad()`` ran before the forward (bitsandbytes reuses a stale quantization when ``.grad`` is set).
+  ``zero_grad()`` ran before the forward (bitsandbytes reuses a stale quantization when ``.grad`` is set), and loads
+  a checkpoint into its existing weight parameter: a new parameter object would be invisible to the optimizer and to
+  DDP's gradient hooks, which hold the old one (a resume then stepped a parameter the model no longer used).
 """
 
 from __future__ import annotations
@@ -83,6 +87,12 @@ class _Linear4bit(bnb.nn.Linear4bit):
         )
         if self.bias is not None and dtype is not None:
             self.bias.data = self.bias.data.to(dtype)
+        # bitsandbytes repacks the weight for an AVX512-BF16 CPU kernel at the first evaluation forward: lossy (the
+        # block scales become bfloat16, double quantization is dropped, evaluation then differs from training and
+        # every later step trains on the changed weight) and failing for layers its kernel does not tile
+        # (out_features not a multiple of 32, in_features not one of the block size). Evaluation keeps the path
+        # training takes: an evaluation never changes the model.
+        self.support_avx512bf16_for_cpu = False
         if self.weight.device.type != "meta":
             self.quantize_()
 
@@ -199,11 +209,22 @@ class _Linear8bit(bnb.nn.Linear8bitLt):
                     param.CB, param.SCB = param.data, scb.to(device)
                     self.weight = param
                     self.state.CB = self.state.SCB = None
+            elif weight.is_floating_point() and self._holds_trainable_weight(weight):
+                # int8 training: into the parameter the optimizer (and DDP's gradient hooks) hold, not a new one
+                with torch.no_grad():
+                    self.weight.copy_(weight.to(self.weight.device, self.weight.dtype))
+                self.state.CB = self.state.SCB = None
             elif weight.is_floating_point():
                 self.quantize_(weight, device)
             else:
                 error_msgs.append(f"{prefix}weight: int8 weights without their scales ({prefix}SCB) cannot be loaded.")
         _load_rest(self, rest, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs, weight is not None)
+
+    def _holds_trainable_weight(self, incoming: Tensor) -> bool:
+        """Whether ``incoming`` can be copied into the current weight: an int8 training layer's float16 weight,
+        real (not on meta) and of the same shape."""
+        weight = self.weight
+        return self.fp16_weights and weight.device.type != "meta" and weight.shape == incoming.shape
 
     def forward(self, x: Tensor) -> Tensor:
         if not self.fp16_weights:
