@@ -71,7 +71,7 @@ def test_version(capsys):
 
 def test_run_and_consolidate_are_wired(capsys):
     assert main(["run", "--help"]) == 0
-    assert "usage: fabric run" in capsys.readouterr().out
+    assert "Usage: fabric run" in capsys.readouterr().out
     with pytest.raises(SystemExit) as info:
         main(["consolidate", "--help"])
     assert info.value.code == 0
@@ -267,10 +267,10 @@ def test_run_options_are_recognised_anywhere_before_double_dash(argv, expected):
 def test_run_usage_errors_exit_2(argv, words, capsys):
     assert main(["run", *argv]) == 2
     err = capsys.readouterr().err
-    assert "usage: fabric run" in err and words in err
+    assert "Usage: fabric run" in err and words in err
 
 
 def test_run_help_after_the_script_is_fabrics_help(capsys):
     assert main(["run", "train.py", "--help"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("usage: fabric run") and "--devices" in out and "--main-port" in out
+    assert out.startswith("Usage: fabric run") and "--devices" in out and "--main-port" in out

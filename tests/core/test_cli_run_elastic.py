@@ -87,7 +87,7 @@ def test_bad_torchrun_options_are_usage_errors(argv: list[str], words: str, tmp_
     script.write_text("print('never runs')\n")
     assert main(["run", *argv, str(script)]) == 2
     err = capsys.readouterr().err
-    assert "usage: fabric run" in err and words in err, err
+    assert "Usage: fabric run" in err and words in err, err
 
 
 def test_help_lists_the_torchrun_options(capsys):

@@ -7,8 +7,9 @@ in this one process with that plugin's reader, and writes the result with the co
 :func:`~fabric_core.io.commit.atomic_save`. So a new checkpoint format gets ``consolidate`` for free by
 implementing the hook, and the CLI has no plugin knowledge.
 
-Errors (missing folder, not a folder, a format no plugin recognises, an existing output) print one line on
-stderr and exit with status 1.
+A CHECKPOINT_DIR that does not exist is a usage error, as the reference's command line has it (click checks its
+argument exists): the usage line, ``fabric consolidate: error: ...`` and exit status 2. The other errors (not a
+folder, a format no plugin recognises, an existing output) print one line on stderr and exit with status 1.
 """
 
 from __future__ import annotations
@@ -40,13 +41,19 @@ def add_consolidate_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         help=f"where to write the file (default: CHECKPOINT_DIR{SUFFIX}); must not exist yet",
     )
-    parser.set_defaults(handler=consolidate_main)
+    parser.set_defaults(handler=consolidate_main, usage=parser.format_usage)
     return parser
 
 
 def _fail(message: str) -> int:
     print(f"error: {message}", file=sys.stderr)
     return 1
+
+
+def _usage_error(args: argparse.Namespace, message: str) -> int:
+    usage = args.usage() if callable(getattr(args, "usage", None)) else ""
+    print(f"{usage}fabric consolidate: error: {message}", file=sys.stderr)
+    return 2
 
 
 def consolidate_main(args: argparse.Namespace) -> int:
@@ -56,7 +63,7 @@ def consolidate_main(args: argparse.Namespace) -> int:
     location = CheckpointLocation.of(args.checkpoint_folder)  # a local folder or a URL
     folder = str(location)
     if not location.exists():
-        return _fail(f"The provided checkpoint folder does not exist: {folder!r}.")
+        return _usage_error(args, f"The provided checkpoint folder does not exist: {folder!r}.")
     if not location.is_dir():
         return _fail(
             f"The provided checkpoint path {folder!r} is a file, not a folder: it is already a single"

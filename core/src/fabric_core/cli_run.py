@@ -23,7 +23,8 @@ Other launchers: ``--launcher NAME`` hands the job to a launcher a plugin regist
 (on a cluster scheduler, for example) and takes its own options as ``--NAME-KEY VALUE`` before SCRIPT. The core
 names no such launcher; without ``--launcher`` (or with ``--launcher torchrun``) nothing changes.
 
-Usage errors print ``fabric run: error: ...`` and exit with status 2; ``--help`` prints the options and exits 0.
+Usage errors print ``fabric run: error: ...`` and exit with status 2; ``--help`` prints the options and exits 0. Both
+start with ``Usage: fabric run [OPTIONS] SCRIPT [SCRIPT_ARGS]...``, the reference's (click's) first line.
 This module imports torch only when a run really starts.
 """
 
@@ -137,7 +138,7 @@ RunArgs.__doc__ = "What ``fabric run`` was asked to do (one field per option of 
 
 
 def help_text() -> str:
-    lines = [f"usage: {USAGE}", "", "Run SCRIPT in --devices processes on this node (and --num-nodes nodes) with torch's"]
+    lines = [f"Usage: {USAGE}", "", "Run SCRIPT in --devices processes on this node (and --num-nodes nodes) with torch's"]
     lines += [
         "elastic launcher. Fabric(...) in the script takes the options given here and joins the process group by",
         "itself, so the script must not call fabric.launch(). Options may come before or after SCRIPT; other",
@@ -481,7 +482,7 @@ def run_main(args: RunArgs) -> int:
         nprocs, devices = processes_per_node(args.accelerator, args.strategy, args.devices, args.num_nodes)
         launcher = script_launcher(args)
     except CLIError as err:
-        print(f"usage: {USAGE}\nfabric run: error: {err}", file=sys.stderr)
+        print(f"Usage: {USAGE}\nfabric run: error: {err}", file=sys.stderr)
         return 2
     environment = prepare_environment(args, nprocs, devices)
     if launcher is not None:
@@ -549,7 +550,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(help_text())
         return 0
     except CLIError as err:
-        print(f"usage: {USAGE}\nfabric run: error: {err}", file=sys.stderr)
+        print(f"Usage: {USAGE}\nfabric run: error: {err}", file=sys.stderr)
         return 2
     return run_main(args)
 

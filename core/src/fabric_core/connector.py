@@ -108,12 +108,11 @@ def _split_plugins(plugins: Any) -> tuple[Precision | None, ClusterEnvironment |
 
     items = plugins if isinstance(plugins, (list, tuple)) else [plugins]
     found: dict[type, Any] = {}
-    duplicates: list[str] = []
+    counts: dict[str, int] = {}  # kinds in the order they first appear, as the reference lists duplicates
     for item in items:
         for base in (Precision, ClusterEnvironment, CheckpointIO):
             if isinstance(item, base):
-                if base in found:
-                    duplicates.append(base.__name__)
+                counts[base.__name__] = counts.get(base.__name__, 0) + 1
                 found[base] = item
                 break
         else:
@@ -121,9 +120,10 @@ def _split_plugins(plugins: Any) -> tuple[Precision | None, ClusterEnvironment |
                 f"Found invalid type for plugin {item!r}. Expected one of: Precision, CheckpointIO,"
                 " ClusterEnvironment (strategies and accelerators go to the `strategy=`/`accelerator=` arguments)."
             )
+    duplicates = [name for name, count in counts.items() if count > 1]
     if duplicates:
         raise ValueError(
-            f"Received multiple values for {', '.join(sorted(set(duplicates)))} flags in `plugins`."
+            f"Received multiple values for {', '.join(duplicates)} flags in `plugins`."
             " Expected one value for each type at most."
         )
     return found.get(Precision), found.get(ClusterEnvironment), found.get(CheckpointIO)
@@ -269,6 +269,22 @@ def resolve_strategy(
     """
     from fabric_core.strategies.base import Strategy
 
+    choice = choose_strategy(registry, strategy, accelerator, num_devices, num_nodes, interactive)
+    return choice if isinstance(choice, Strategy) else registry.create("strategy", choice)
+
+
+def choose_strategy(
+    registry: Registry,
+    strategy: Any,
+    accelerator: Accelerator,
+    num_devices: int,
+    num_nodes: int,
+    interactive: bool | None = None,
+) -> str | Strategy:
+    """The registered name :func:`resolve_strategy` builds (after ``"auto"`` and the owning plugin's adjustment, so
+    ``"dp"`` on CPUs is ``"ddp"``), or the object the ``"auto"`` hook answered with."""
+    from fabric_core.strategies.base import Strategy
+
     if not isinstance(strategy, str):
         raise TypeError(f"`strategy` must be a name or a Strategy instance, got {type(strategy).__name__}.")
     name = strategy.strip().lower()
@@ -281,7 +297,7 @@ def resolve_strategy(
             return answer
         name = str(answer).lower()
     adjusted = registry.decisions.adjust_strategy(name, accelerator, num_devices, num_nodes)
-    return registry.create("strategy", adjusted or name)
+    return adjusted or name
 
 
 def _no_auto_strategy_message(registry: Registry, accelerator: Accelerator, num_devices: int, num_nodes: int) -> str:
@@ -394,7 +410,9 @@ def resolve(
         or registry.decisions.detect_cluster_environment()
     )
     if strategy_obj is None:
-        strategy_obj = resolve_strategy(registry, strategy, accelerator_obj, len(device_list), num_nodes)
+        choice = choose_strategy(registry, strategy, accelerator_obj, len(device_list), num_nodes)
+        strategy_obj = choice if isinstance(choice, Strategy) else registry.create("strategy", choice)
+        strategy = choice if isinstance(choice, str) else strategy  # the strategy used, named as the reference does
     precision_obj = _resolve_precision(registry, precision, user, strategy_obj, accelerator_obj)
     precision_obj.configure(accelerator_obj.device_type)
     # The one binding step: the strategy receives every decision at once and is complete on return.

@@ -413,9 +413,9 @@ def test_arguments_on_two_ranks(tmp_path: Path) -> None:
 
     # Checkpoints: a custom CheckpointIO writes full checkpoints (rank 0) and receives storage_options.
     assert r["io_calls_per_rank"] == [1, 0] and r["io_storage_options"] == {"bucket": "b"}
-    assert r["sharded_storage_options"].startswith(
+    assert r["sharded_storage_options"].startswith(  # the reference's whole sentence, then ours
         "`FSDPStrategy.save_checkpoint(..., storage_options=...)` is not supported because `FSDPStrategy` does not"
-        " use the `CheckpointIO`"
+        " use the `CheckpointIO`. "
     )
     # load_raw of a plain PyTorch optimizer state into the sharded optimizer works (the reference refuses it).
     assert r["load_raw_optimizer_exp_avg_diff"] == 0.0 and r["load_raw_optimizer_step"] == 3.0

@@ -87,10 +87,13 @@ class SingleFileFormat(CheckpointFormat):
 
     def may_read_folder(self, location: CheckpointLocation) -> bool:
         """A ``CheckpointIO`` that reads its own way (not our :class:`TorchCheckpointIO`'s ``load_checkpoint``) may
-        have written a folder: it is asked before a folder is refused, as the reference asks it."""
+        have written a folder: it is asked before a folder is refused, as the reference asks it. Judged on the
+        object, not its class: a ``load_checkpoint`` replaced on one instance (a per-object override, a ``Mock``)
+        reads its own way too."""
         from fabric_core.io.checkpoint_io import TorchCheckpointIO
 
-        return getattr(type(self.checkpoint_io), "load_checkpoint", None) is not TorchCheckpointIO.load_checkpoint
+        method = getattr(self.checkpoint_io, "load_checkpoint", None)
+        return getattr(method, "__func__", method) is not TorchCheckpointIO.load_checkpoint
 
     def write(
         self,

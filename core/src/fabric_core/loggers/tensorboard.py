@@ -198,15 +198,16 @@ class TensorBoardLogger(Logger):
             input_array = getattr(model, "example_input_array", None)
         model = _unwrap_module(model)
         if input_array is None:
-            rank_zero_warn(
-                "Could not log the computational graph to TensorBoard: `model.example_input_array` is not set"
-                " and no `input_array` was given."
+            rank_zero_warn(  # the reference's words (docs/decisions.md)
+                "Could not log computational graph to TensorBoard: The `model.example_input_array` attribute is not"
+                " set or `input_array` was not given."
             )
             return
         if not isinstance(input_array, (torch.Tensor, tuple)):
             rank_zero_warn(
-                f"Could not log the computational graph to TensorBoard: the input of type"
-                f" {type(input_array).__name__} can't be traced; pass a tensor or a tuple of tensors."
+                "Could not log computational graph to TensorBoard: The `input_array` or `model.example_input_array`"
+                f" has type {type(input_array)} which can't be traced by TensorBoard. Make the input array a tuple"
+                " representing the positional arguments to the model's `forward()` implementation (or a tensor)."
             )
             return
         self.experiment.add_graph(model, input_array)

@@ -258,11 +258,11 @@ class ShardedFormat(CheckpointFormat):
                 " `FSDPStrategy(state_dict_type='full')` to filter, or save without a filter."
             )
         if storage_options is not None:
-            raise TypeError(
+            raise TypeError(  # the reference's sentence first (docs/decisions.md, "FSDP": messages)
                 "`FSDPStrategy.save_checkpoint(..., storage_options=...)` is not supported because `FSDPStrategy`"
-                " does not use the `CheckpointIO` for sharded checkpoints (they are written with"
-                " torch.distributed.checkpoint). Leave `storage_options` out, or save with"
-                " `state_dict_type='full'` through a `CheckpointIO` that takes them."
+                " does not use the `CheckpointIO`. Sharded checkpoints are written with torch.distributed.checkpoint:"
+                " leave `storage_options` out, or save with `state_dict_type='full'` through a `CheckpointIO` that"
+                " takes them."
             )
         key, model = find_model(state, "save")
         if key is None or model is None:
@@ -401,10 +401,12 @@ class ShardedFormat(CheckpointFormat):
         assert folder is not None  # recognised before
         bare = isinstance(state, (Module, Optimizer))
         if not bare and not state:
-            raise ValueError(
-                "Could not find a FSDP model in the provided checkpoint state: loading a sharded FSDP checkpoint needs"
-                " the model to load into. Pass it like `fabric.load(path, {'model': model, 'optimizer': optimizer})`."
-                f" To get a single file with everything instead, run `fabric consolidate {location}`."
+            raise ValueError(  # the reference's words (its double space included), then ours
+                f"Got FSDPStrategy.load_checkpoint(..., state={state!r}) but a state with at least  a model instance"
+                " to reload is required. Pass it in like so: FSDPStrategy.load_checkpoint(..., state={'model': model,"
+                " ...}). A sharded FSDP checkpoint is loaded into the model: `fabric.load(path, {'model': model,"
+                " 'optimizer': optimizer})`. To get a single file with everything instead, run `fabric consolidate"
+                f" {location}`."
             )
         meta, record = read_meta(folder, weights_only=weights_only)
         model_key: str = record["module"]

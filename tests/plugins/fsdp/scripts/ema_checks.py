@@ -4,7 +4,8 @@ FSDP2 keeps the root module's gathered weights after a forward, until the next b
 a forward before the block: the block's forward computes what one plain process holding the averages computes; after
 the block the model computes exactly what it computed before it (and what one process holding the trained weights
 computes); ``ema.update()`` after an evaluation forward averages the trained weights. Writes ``result.json`` (rank 0)
-for tests/plugins/fsdp/test_ema_sharded.py. Args: OUTDIR STRATEGY.
+for tests/plugins/fsdp/test_ema_sharded.py. Under ``fsdp`` the same processes then check ``load`` of a sharded
+checkpoint without a state and ``load_raw`` of its folder. Args: OUTDIR STRATEGY.
 """
 
 from __future__ import annotations
@@ -111,9 +112,34 @@ def main() -> None:
     result["next_step_vs_one_process"] = max(
         error(v, reference.state_dict()[k]) for k, v in full_weights(model).items()
     )
+    if name == "fsdp":
+        result.update(sharded_checkpoint_checks(fabric, model, out))
     if fabric.global_rank == 0:
         dump(out / "result.json", result)
     fabric.barrier()
+
+
+def sharded_checkpoint_checks(fabric: Fabric, model: nn.Module, out: Path) -> dict:
+    """The same processes check two sharded-checkpoint behaviours of the reference (docs/decisions.md, "FSDP"):
+    ``load`` with no state names what it needs in the reference's words; ``load_raw`` of the folder loads its model
+    (the reference refuses a folder there)."""
+    path = out / "sharded"
+    fabric.save(path, {"model": model, "step": 4})
+    errors = {}
+    for state in (None, {}):
+        try:
+            fabric.load(path, state)
+        except ValueError as err:
+            errors[repr(state)] = str(err)
+    torch.manual_seed(5)
+    other = fabric.setup(Net())
+    differed = any(not torch.equal(v, full_weights(model)[k]) for k, v in full_weights(other).items())
+    fabric.load_raw(path, other)
+    return {
+        "load_without_state": errors,
+        "load_raw_folder_differed_before": differed,
+        "load_raw_folder_equal": all(torch.equal(v, full_weights(model)[k]) for k, v in full_weights(other).items()),
+    }
 
 
 if __name__ == "__main__":
