@@ -156,3 +156,30 @@ def test_a_failing_section_is_reported_and_the_rest_survives(monkeypatch: pytest
     text = cli_env.format_report(report)
     assert "PyTorch\n  error:" in text and "no torch here" in text
     assert "fabric-core:" in text and "Threads" in text
+
+
+def test_every_dependency_of_an_installed_first_party_plugin_is_reported_with_its_version():
+    """Answered by each plugin's `fabric_report_packages` hook: what its installed distribution requires (besides
+    fabric-core), with the installed version, so a bug report names bitsandbytes, torchao, torchft, ray, ..."""
+    from importlib.metadata import requires
+
+    report = _json()
+    checked = 0
+    for plugin in sorted((REPO / "plugins").glob("*/pyproject.toml")):
+        name = re.search(r'^name\s*=\s*"([^"]+)"', plugin.read_text(), re.M).group(1)
+        if not _installed(name):
+            continue
+        for requirement in requires(name) or []:
+            if ";" in requirement and "extra ==" in requirement:
+                continue  # an optional extra, not a dependency
+            dependency = re.match(r"[A-Za-z0-9_.-]+", requirement).group(0)
+            if dependency.lower() == "fabric-core":
+                continue
+            assert dependency in report["packages"], (name, dependency, sorted(report["packages"]))
+            assert report["packages"][dependency] == version(dependency), (name, dependency)
+            checked += 1
+    assert checked >= 1 or not any(_installed(d) for d in ("fabric-bnb", "fabric-ao", "fabric-ft"))
+    for dependency in ("bitsandbytes", "torchao", "torchft"):
+        owner = {"bitsandbytes": "fabric-bnb", "torchao": "fabric-ao", "torchft": "fabric-ft"}[dependency]
+        if _installed(owner):
+            assert report["packages"][dependency] == version(dependency)

@@ -45,3 +45,9 @@ def fabric_register_precisions(registrar: Registrar) -> None:
 def fabric_library_packages() -> dict[str, str]:
     """Frames the hang report reads as library code, not the user's line."""
     return {"fabric_ao": "library", "torchao": "library", "transformer_engine": "library"}
+
+
+@hookimpl
+def fabric_report_packages() -> list[str]:
+    """What ``fabric env`` reports for this plugin (its dependency), installed or not."""
+    return ["torchao"]

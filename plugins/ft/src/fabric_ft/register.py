@@ -29,3 +29,9 @@ def fabric_register_strategies(registrar: Registrar) -> None:
 def fabric_library_packages() -> dict[str, str]:
     """Frames the hang report reads as library code, not the user's line."""
     return {"fabric_ft": "library", "torchft": "library"}
+
+
+@hookimpl
+def fabric_report_packages() -> list[str]:
+    """What ``fabric env`` reports for this plugin (its dependency), installed or not."""
+    return ["torchft"]
