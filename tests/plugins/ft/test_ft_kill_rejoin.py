@@ -1,5 +1,6 @@
 """``ft_ddp`` on a real lighthouse (started here, on loopback) with 2 replica groups on CPU: replica group 1 is
-SIGKILLed mid-training and restarted; group 0 keeps stepping alone meanwhile, group 1 rejoins by copying the live
+SIGKILLed inside a step (after joining its quorum, before its allreduce) and restarted; the step in flight is
+applied nowhere (group 0's weights do not move in it); group 0 keeps stepping alone meanwhile, group 1 rejoins by copying the live
 state from group 0 (no checkpoint exists), and both end with bit-identical weights and, like a run that was never
 interrupted, a loss within noise of the best one reachable. Every process is started here and must be gone at the end."""
 
@@ -23,7 +24,7 @@ pytest.importorskip("fabric_ft")
 pytest.importorskip("torchft")
 
 TRAIN = Path(__file__).parent / "scripts" / "ft_train.py"
-KILL_AT = 10  # replica group 1 is killed once it committed this step with both groups in the quorum
+KILL_AT = 10  # replica group 1 is killed inside the first step from this one on with both groups in its quorum
 START_TIMEOUT = 180  # importing torch and torchft in 2-3 processes on a loaded 2-core machine
 STEP_TIMEOUT = 90
 
@@ -38,8 +39,11 @@ def _lighthouse(tmp_path: Path) -> tuple[Job, str]:
     return start_job(command, tmp_path / "lighthouse.log"), f"http://127.0.0.1:{port}"
 
 
-def _replica(tmp_path: Path, name: str, group: int, lighthouse: str, stop: Path, sleep: float = 0.02) -> Job:
+def _replica(
+    tmp_path: Path, name: str, group: int, lighthouse: str, stop: Path, sleep: float = 0.02, stop_in_step: int = -1
+) -> Job:
     env = job_env(TORCHFT_LIGHTHOUSE=lighthouse, REPLICA_GROUP_ID=str(group), NUM_REPLICA_GROUPS="2", OMP_NUM_THREADS="1")
+    env["FT_TEST_STOP_IN_STEP"] = str(stop_in_step)
     command = [sys.executable, TRAIN, tmp_path / name, stop, sleep]
     return start_job(command, tmp_path / f"{name}.log", env=env)
 
@@ -81,13 +85,11 @@ def test_a_killed_replica_group_rejoins_while_the_other_keeps_training(tmp_path:
     stop = tmp_path / "stop"
     lighthouse, address = _lighthouse(tmp_path)
     r0 = _replica(tmp_path, "r0", 0, address, stop)
-    r1 = _replica(tmp_path, "r1", 1, address, stop)
+    r1 = _replica(tmp_path, "r1", 1, address, stop, stop_in_step=KILL_AT)
     everyone = [lighthouse, r0, r1]
 
-    def both_stepping() -> bool:
-        return any(r["step"] >= KILL_AT and r["participants"] == 2 for r in _progress(tmp_path, "r1"))
-
-    _wait(both_stepping, START_TIMEOUT, f"both groups at step {KILL_AT}", everyone)
+    _wait((tmp_path / "r1" / "in_step").exists, START_TIMEOUT, f"group 1 inside step {KILL_AT}", everyone)
+    in_flight = int((tmp_path / "r1" / "in_step").read_text())
     os.kill(r1.pid, signal.SIGKILL)  # the process this test started
     assert r1.process.wait(10) == -signal.SIGKILL
     killed_at = time.time()
@@ -97,6 +99,14 @@ def test_a_killed_replica_group_rejoins_while_the_other_keeps_training(tmp_path:
     _wait(lambda: _last_step(tmp_path, "r0") >= r0_at_kill + 20, STEP_TIMEOUT, "group 0 stepping alone", everyone)
     alone = [r for r in _progress(tmp_path, "r0") if r["t"] > killed_at]
     assert any(r["participants"] == 1 and r["committed"] for r in alone), alone[:5]
+    # The step in flight (group 0 waited in its allreduce for group 1) failed and is applied nowhere: group 0 did not
+    # commit it and its weights did not move; group 1 died in it, and its restart copies group 0's state. Every
+    # committed step did move the weights (the control).
+    records = _progress(tmp_path, "r0")
+    failed = [r for r in records if not r["committed"]]
+    assert failed and failed[0]["step"] == in_flight, [r for r in records if abs(r["step"] - in_flight) < 3]
+    assert not any(r["changed"] for r in failed), failed
+    assert all(r["changed"] for r in records if r["committed"]), [r for r in records if r["committed"] and not r["changed"]]
 
     r1b = _replica(tmp_path, "r1b", 1, address, stop)
     everyone.append(r1b)
@@ -108,7 +118,7 @@ def test_a_killed_replica_group_rejoins_while_the_other_keeps_training(tmp_path:
 
     # The restarted group started from the live state (torchft's step counter included), not from step 0.
     first = _progress(tmp_path, "r1b")[0]
-    assert first["step"] > KILL_AT + 20, first
+    assert first["step"] > in_flight + 20, first
 
     stop_at = r0_at_rejoin + 10
     stop.write_text(str(stop_at))
