@@ -27,7 +27,7 @@ CHECK_TORCH := import importlib.metadata as m, re, torch; \
 	cuda = sorted(d.metadata['Name'] for d in m.distributions() if d.metadata['Name'].lower().startswith(('nvidia-', 'triton'))); \
 	assert torch.__version__.split('+')[0] == pin and not cuda, f'torch {torch.__version__} (pin {pin}), CUDA packages {cuda}'
 
-.PHONY: setup demo test test-bare setup-xla test-xla stress lint bench gpu-lane clean
+.PHONY: setup demo test test-bare setup-xla test-xla stress lint bench gpu-wheels gpu-lane clean
 
 $(STAMP): requirements-dev.txt $(foreach d,$(DISTS),$(d)/pyproject.toml) Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -97,12 +97,18 @@ bench: $(STAMP)
 		assert torch.__version__.split('+')[0] == pin, f'torch is {torch.__version__}, requirements-dev.txt pins {pin}'"
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
-# The GPU lane (at most 8 minutes on one GPU): installs only what is missing (CUDA torch into .venv-gpu, the GPU
-# plugins, DeepSpeed; tolerates no network), runs every test marked `cuda`, then benchmarks/gpu_bench.py; results in
-# benchmarks/results/. Needs no .venv (a bare GPU machine has only the repository). `make gpu-lane DRY=1` checks the
+# The GPU lane (at most 8 minutes on one lent GPU, no network there): `make gpu-wheels` here fetches the small wheels
+# it installs offline (bitsandbytes with only the CPU and one CUDA release's library, torchao, torchft, DeepSpeed, their
+# missing dependencies, setuptools: about 15 MiB into .gpu-wheels/, git-ignored, which the device call carries), then
+# `make gpu-lane` there installs them and our distributions into a folder of its own, runs every CUDA path of every
+# plugin (the table in benchmarks/gpu_lane.py), dry-checks the Ray launcher's GPU bundles and Transformer Engine, then
+# benchmarks/gpu_bench.py; results in benchmarks/results/. `make gpu-lane DRY=1` lists every CUDA path and checks the
 # wiring on a machine without CUDA: nothing installed, the CUDA tests must all skip. See benchmarks/gpu_lane.py.
+gpu-wheels: $(STAMP)
+	$(BIN)/python benchmarks/gpu_wheels.py $(GPU_WHEELS_ARGS)
+
 gpu-lane:
 	$(PYTHON) benchmarks/gpu_lane.py $(if $(DRY),--dry-run,) $(GPU_LANE_ARGS)
 
 clean:
-	rm -rf $(VENV) $(XLA_VENV) .venv-gpu .bare demo_output
+	rm -rf $(VENV) $(XLA_VENV) .gpu-wheels .bare demo_output

@@ -202,7 +202,8 @@ def test_transformer_engine_says_what_is_missing(name):
     except ImportError:
         missing = "pip install --no-build-isolation"
     if missing is None:
-        pytest.skip("Transformer Engine and a CUDA GPU are present: the GPU lane runs the real path")
+        pytest.skip("Transformer Engine and a CUDA GPU are present: nothing is missing to name (the GPU lane gives"
+                    " Transformer Engine a dry check only)")
     with pytest.raises((ModuleNotFoundError, RuntimeError)) as info:
         Fabric(accelerator="cpu", precision=name)
     message = str(info.value)

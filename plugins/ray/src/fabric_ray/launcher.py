@@ -224,6 +224,17 @@ def check_reachable(address: str) -> None:
         ) from None
 
 
+def node_bundle(processes_per_node: int, gpu: bool) -> dict[str, float]:
+    """The placement-group bundle of one node: a CPU per process, or (``--accelerator cuda``) a GPU and a CPU each."""
+    return {"GPU": float(processes_per_node), "CPU": float(processes_per_node)} if gpu else {"CPU": float(processes_per_node)}
+
+
+def actor_resources(gpu: bool) -> dict[str, int]:
+    """What each process's actor takes from its node's bundle: its GPU (Ray sets its ``CUDA_VISIBLE_DEVICES``), or a
+    CPU."""
+    return {"num_cpus": 0, "num_gpus": 1} if gpu else {"num_cpus": 1, "num_gpus": 0}
+
+
 @dataclass
 class _Rank:
     rank: int
@@ -314,7 +325,7 @@ class _Job:
 
         per_node, nodes = self.request.processes_per_node, self.request.num_nodes
         resource = "GPU" if self.gpu else "CPU"
-        bundle = {resource: float(per_node), **({"CPU": float(per_node)} if self.gpu else {})}
+        bundle = node_bundle(per_node, self.gpu)
         alive = [n for n in ray.nodes() if n.get("Alive")]
         fitting = [n for n in alive if n.get("Resources", {}).get(resource, 0) >= per_node]
         if len(fitting) < nodes:
@@ -349,8 +360,7 @@ class _Job:
         for node in range(nodes):
             for local in range(per_node):
                 options: dict[str, Any] = {
-                    "num_cpus": 0 if self.gpu else 1,
-                    "num_gpus": 1 if self.gpu else 0,
+                    **actor_resources(self.gpu),
                     "scheduling_strategy": PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=node),
                 }
                 rank = _Rank(node * per_node + local, node, local)
@@ -403,8 +413,7 @@ class _Job:
             for local in range(per_node):
                 rank = _Rank(node * per_node + local, node, local)
                 rank.actor = worker.options(
-                    num_cpus=0 if self.gpu else 1,
-                    num_gpus=1 if self.gpu else 0,
+                    **actor_resources(self.gpu),
                     scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=node),
                 ).remote(rank.rank)
                 self.ranks.append(rank)
