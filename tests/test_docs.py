@@ -98,3 +98,41 @@ def test_every_method_a_plugin_may_override_has_a_docstring(cls):
         if callable(function) and len((function.__doc__ or "").split()) < 4:
             missing.append(name)
     assert not missing, f"{cls.__name__}: write a docstring (when it is called, with what, what it returns) for {missing}"
+
+
+# ---------------------------------------------------------------------------------------------- docs/plugins.md
+PLUGINS_MD = REPO / "docs" / "plugins.md"
+
+
+def test_the_first_party_distributions_named_in_plugins_md_are_the_cores_list():
+    from fabric_core.plugins.builtin import FIRST_PARTY
+
+    text = " ".join(PLUGINS_MD.read_text().split())  # sentences wrap over lines
+    sentence = re.search(r"\*\*first-party distributions\*\* \(([^)]*)\)", text)
+    assert sentence, "docs/plugins.md: the load order names the first-party distributions"
+    assert set(re.findall(r"`(fabric-[a-z0-9-]+)`", sentence.group(1))) == set(FIRST_PARTY)
+
+
+def test_the_plugins_json_example_is_shaped_and_valued_like_a_real_report(plugin_sites):
+    """The `fabric plugins --json` example of docs/plugins.md against a real report (the "zoo" site: the example
+    plugin, a broken plugin and a name conflict, beside this venv's own plugins): the same keys at every level,
+    and its example entry and first-party plugin hold real values."""
+    import json
+
+    block = PLUGINS_MD.read_text().split("`--json` prints the same report as JSON:", 1)[1]
+    example = json.loads(block.split("```json", 1)[1].split("```", 1)[0])
+    done = plugin_sites.run("zoo", ["fabric", "plugins", "--json"])
+    assert done.returncode == 0, done.stderr
+    real = json.loads(done.stdout)
+    assert list(example) == list(real)
+    for key in ("entries", "plugins", "failures", "conflicts"):
+        assert real[key] and example[key], key
+        assert set(example[key][0]) == set(real[key][0]), key
+    entries = {(e["kind"], e["name"]): e for e in real["entries"]}
+    for shown in example["entries"]:
+        actual = entries[(shown["kind"], shown["name"])]
+        assert {k: v for k, v in shown.items() if k != "description"} == {k: v for k, v in actual.items() if k != "description"}
+    plugins = {p["plugin"]: p for p in real["plugins"]}
+    for shown in example["plugins"]:
+        if shown["first_party"]:
+            assert shown == plugins[shown["plugin"]], "docs/plugins.md shows hooks the plugin does not answer"

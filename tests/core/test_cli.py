@@ -110,7 +110,8 @@ def test_plugins_json_and_python_dash_m(plugin_sites):
     report = json.loads(script.stdout)
     assert json.loads(module.stdout) == report
     assert set(report) == {
-        "fabric_core_version", "checked", "entries", "plugins", "failures", "conflicts", "not_loaded", "blocked"
+        "fabric_core_version", "checked", "entries", "plugins", "failures", "conflicts", "not_loaded", "blocked",
+        "unknown_names",
     }  # fmt: skip
     example_plugin = next(p for p in report["plugins"] if p["distribution"] == "fabric-example-plugin")
     assert example_plugin["plugin"] == "example" and example_plugin["decision_hooks"] == []

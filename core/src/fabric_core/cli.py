@@ -115,6 +115,7 @@ def collect_plugins(
         "conflicts": conflicts,
         "not_loaded": sorted(set(registry.skipped)),
         "blocked": sorted(set(registry.blocked)),
+        "unknown_names": [{"variable": variable, "name": name} for variable, name in registry.unknown_names],
     }
 
 
@@ -237,6 +238,12 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(
             "Installed but not loaded (FABRIC_DISABLE_PLUGIN_AUTOLOAD is set; list them in FABRIC_PLUGINS): "
             + ", ".join(report["not_loaded"])
+        )
+    for unknown in report["unknown_names"]:  # Fabric() warns about these; the report must not hide them
+        lines.append("")
+        lines.append(
+            f"{unknown['variable']} names {unknown['name']!r}, but no installed Fabric plugin has that entry-point or"
+            " distribution name (the distributions above are what is installed)."
         )
     if report["failures"]:
         lines.append("")

@@ -322,6 +322,24 @@ def test_one_plugin_is_switched_off_by_name(plugin_sites):
     assert "FABRIC_PLUGINS names 'exampel'" in allow.stderr and "example (fabric-example-plugin)" in allow.stderr
 
 
+def test_fabric_plugins_reports_a_name_that_no_installed_plugin_has(plugin_sites):
+    """What `Fabric()` warns about, `fabric plugins` shows too (it used to swallow the warning): in the table and in
+    the JSON, for FABRIC_PLUGINS (with autoload off) and FABRIC_DISABLE_PLUGINS."""
+    env = {"FABRIC_DISABLE_PLUGIN_AUTOLOAD": "1", "FABRIC_PLUGINS": "fabric-example-plugin,exampel", "FABRIC_DISABLE_PLUGINS": "nothing_here"}
+    done = plugin_sites.run("example", ["fabric", "plugins", "--json"], env=env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["unknown_names"] == [
+        {"variable": "FABRIC_PLUGINS", "name": "exampel"},
+        {"variable": "FABRIC_DISABLE_PLUGINS", "name": "nothing_here"},
+    ]
+    table = plugin_sites.run("example", ["fabric", "plugins"], env=env)
+    assert table.returncode == 0, table.stderr
+    assert "FABRIC_PLUGINS names 'exampel', but no installed Fabric plugin has that" in table.stdout
+    assert "FABRIC_DISABLE_PLUGINS names 'nothing_here'" in table.stdout
+    assert "example_single" in table.stdout  # the allowed name still loads
+    quiet = plugin_sites.run("example", ["fabric", "plugins", "--json"], env={"FABRIC_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    assert json.loads(quiet.stdout)["unknown_names"] == []
+
 def test_first_party_names_are_not_taken_silently(plugin_sites):
     pytest.importorskip("fabric_ddp", reason="the venv's fabric-ddp is the first party here (not in the XLA lane)")
     code = textwrap.dedent(

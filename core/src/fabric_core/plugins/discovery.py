@@ -177,6 +177,7 @@ def build_registry(extra_plugins: tuple[Any, ...] = ()) -> Registry:
     for variable, names in ((ALLOW_VARIABLE, allow if autoload_disabled else []), (BLOCK_VARIABLE, block)):
         for name in names:
             if not any(_matches(ep, [name]) for ep in seen_eps):
+                registry.unknown_names.append((variable, name))  # `fabric plugins` reports it too
                 installed = ", ".join(sorted({f"{ep.name} ({dist_of(ep)[0]})" for ep in seen_eps})) or "none"
                 warnings.warn(
                     f"{variable} names {name!r}, but no installed Fabric plugin has that entry-point or distribution"

@@ -268,6 +268,8 @@ class Registry:
         self.skipped: list[str] = []
         #: distributions whose entry points were not loaded because FABRIC_DISABLE_PLUGINS names them.
         self.blocked: list[str] = []
+        #: ``(variable, name)``: a name FABRIC_PLUGINS or FABRIC_DISABLE_PLUGINS gives that no installed plugin has.
+        self.unknown_names: list[tuple[str, str]] = []
         self.conflicts: list[Conflict] = []
         self._entries: dict[str, dict[str, Entry]] = {kind: {} for kind in KINDS}
         self._aliases: dict[str, dict[str, str]] = {kind: {} for kind in KINDS}
