@@ -48,8 +48,6 @@ SITES: dict[str, tuple[Path, ...]] = {
         PLUGIN_FIXTURES / "heavy_register",
         PLUGIN_FIXTURES / "squatter",
     ),
-    # A third-party plugin written against the import paths from before the plugin host moved (deprecation shims).
-    "old_paths": (PLUGIN_FIXTURES / "old_paths",),
     # A checkpoint format registered by a distribution that provides no strategy.
     "formats": (PLUGIN_FIXTURES / "keyed_format",),
 }

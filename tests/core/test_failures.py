@@ -77,7 +77,7 @@ def test_the_root_cause_is_the_first_error_or_a_silent_death():
 def test_the_report_quotes_the_first_failures_traceback_end_and_lists_the_others():
     cause = RankFailure("Local rank 1", 11, 1, _error("RuntimeError: rank 1's own error", at=100, lines=80))
     consequence = RankFailure("Local rank 0", 10, 1, _error("RuntimeError: Connection closed by peer", at=200))
-    text = failures.report([consequence, cause])
+    text = failures.report_failures([consequence, cause])
     lines = text.splitlines()
     assert lines[0] == "[fabric] First failure: Local rank 1 (pid 11) exited with code 1: RuntimeError: rank 1's own error"
     assert "    RuntimeError: rank 1's own error" in lines
@@ -87,11 +87,11 @@ def test_the_report_quotes_the_first_failures_traceback_end_and_lists_the_others
         "[fabric] Failed after it (likely a consequence): Local rank 0 (pid 10) exited with code 1:"
         " RuntimeError: Connection closed by peer"
     )
-    killed = failures.report([RankFailure("Local rank 1", 11, 137)])
+    killed = failures.report_failures([RankFailure("Local rank 1", 11, 137)])
     assert "exited with code 137 (killed by SIGKILL), without a Python error" in killed
     assert "ended without raising a Python exception" in killed
     # exit code 1 and nothing recorded: an uncaught exception before `Fabric()` existed, its traceback printed above
-    early = failures.report([RankFailure("Local rank 0", 10, 1)])
+    early = failures.report_failures([RankFailure("Local rank 0", 10, 1)])
     assert "without a Python error" not in early and "without raising" not in early
     assert "exited with code 1, with no error recorded (a Python error before `Fabric()` was created?" in early
     assert "its traceback is in its output above" in early

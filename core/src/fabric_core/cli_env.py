@@ -239,6 +239,9 @@ def fabric_choices() -> dict[str, Any]:
         if environment.creates_processes_externally:  # its ranks come from the launcher's variables
             for field in ("world_size", "global_rank", "local_rank", "node_rank"):
                 env_info[field] = _guarded(getattr(environment, field))
+            topology = _placement(env_info)
+            if topology is not None:
+                env_info["topology"] = topology.describe()
     return {
         "auto_accelerator": accelerator,
         "cluster_environment": env_info,
@@ -251,6 +254,22 @@ def fabric_choices() -> dict[str, Any]:
         "blocked": sorted(set(registry.blocked)),
         "not_loaded": sorted(set(registry.skipped)),
     }
+
+
+def _placement(env_info: dict[str, Any]) -> Any:
+    """The job's placement as the launcher's variables describe it (``LOCAL_WORLD_SIZE`` processes per node; a
+    strategy adds its axes once ``Fabric`` runs: ``fabric.topology``), or ``None`` when they do not make one."""
+    from fabric_core.utilities.topology import Topology
+
+    world, rank, local = env_info.get("world_size"), env_info.get("global_rank"), env_info.get("local_rank")
+    node = env_info.get("node_rank")
+    if not all(isinstance(v, int) for v in (world, rank, local, node)):
+        return None
+    per_node = os.environ.get("LOCAL_WORLD_SIZE", "")
+    per_node_count = int(per_node) if per_node.isdigit() and int(per_node) > 0 else world
+    if world % per_node_count:
+        return None
+    return Topology(world // per_node_count, per_node_count, node, local)
 
 
 def _hidden(name: str) -> bool:
@@ -374,6 +393,8 @@ def format_report(report: dict[str, Any]) -> str:
         if env.get("creates_processes_externally") and "world_size" in env:
             where += f" (world size {env['world_size']}, rank {env['global_rank']}, local rank {env['local_rank']}, node {env['node_rank']})"
         lines = [_line("auto accelerator", f["auto_accelerator"]), _line("cluster environment", where)]
+        if env.get("topology"):
+            lines.append(_line("topology", env["topology"]))
         for failure in f["plugin_failures"]:
             lines.append(_line("plugin failure", failure))
         for conflict in f["conflicts"]:

@@ -537,7 +537,7 @@ def report_failed_workers(err: Any) -> int:
         found.append(failures.RankFailure(label, None, code, error))
     if not found:
         return 1
-    sys.stderr.write(failures.report(found))
+    sys.stderr.write(failures.report_failures(found))
     sys.stderr.flush()
     return failures.job_exit_code(found)
 

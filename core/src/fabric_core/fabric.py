@@ -57,6 +57,7 @@ from fabric_core.wrappers import (
 if TYPE_CHECKING:
     from fabric_core.io.background import CheckpointHandle
     from fabric_core.loggers.base import Logger
+    from fabric_core.utilities.topology import Topology
 
 
 def _do_nothing(*_: Any, **__: Any) -> None:
@@ -200,6 +201,13 @@ class Fabric:
         )
         self._run_info = info
         return info
+
+    @property
+    def topology(self) -> Topology:
+        """Where this process sits: nodes x processes, and every named axis of the strategy (data-parallel replicas
+        and shards, tensor, pipeline, sequence, fault-tolerant replica groups) with its size and this process's
+        coordinate. A fresh snapshot on every read: sizes can change with a quorum or a restart."""
+        return self._strategy.topology
 
     @property
     def loggers(self) -> list[Logger]:
@@ -730,7 +738,7 @@ class Fabric:
         self._validate_launched()
         location = io.CheckpointLocation.of(path)  # decided once: a local path or a URL
         location.check_reachable_by(self.world_size)
-        io.background.wait(location)  # a save of this path still finishing here lands first
+        io.background.wait_for_save(location)  # a save of this path still finishing here lands first
         if self.world_size > 1:
             self._strategy.barrier()  # ... and on every rank: rank 0 may still have been committing it
         if state is not None and not isinstance(state, Mapping):
@@ -775,7 +783,7 @@ class Fabric:
     def load_raw(self, path: str | Path, obj: Module | Optimizer, strict: bool = True, *, weights_only: bool | None = None) -> None:
         """Load a plain PyTorch checkpoint (a state dict) into a module or optimizer."""
         location = io.CheckpointLocation.of(path)  # decided once: a local path or a URL
-        io.background.wait(location)
+        io.background.wait_for_save(location)
         obj = unwrap_objects(obj)
         if isinstance(obj, Module):
             obj = self._strategy.unwrap_module(obj)

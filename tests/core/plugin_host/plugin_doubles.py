@@ -3,6 +3,7 @@ happened to them."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -10,6 +11,7 @@ from fabric_core.accelerators.cpu import CPUAccelerator
 from fabric_core.environments.plain import PlainEnvironment
 from fabric_core.launchers.base import Launcher
 from fabric_core.precision.base import Precision
+from fabric_core.strategies.base import Binding
 from fabric_core.strategies.single_device import SingleDeviceStrategy
 
 
@@ -25,9 +27,9 @@ class RecordingStrategy(SingleDeviceStrategy):
     """Keeps the cluster environment it is attached with (the single-device strategy does not need one), and
     accepts any number of devices (it computes on the first), so it can stand in for a multi-device answer."""
 
-    def attach(self, *, cluster_environment: Any = None, devices: Any = (), **kwargs: Any) -> None:
-        super().attach(cluster_environment=cluster_environment, devices=list(devices)[:1], **kwargs)
-        self.cluster_environment = cluster_environment
+    def attach(self, binding: Binding) -> None:
+        super().attach(dataclasses.replace(binding, devices=list(binding.devices)[:1]))
+        self.cluster_environment = binding.cluster_environment
 
 
 class RecordingLauncher(Launcher):

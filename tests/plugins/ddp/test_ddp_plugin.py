@@ -22,6 +22,8 @@ from fabric_core.environments.plain import PlainEnvironment
 from fabric_core.launchers.multiprocessing import MultiProcessingLauncher
 from fabric_core.launchers.subprocess_script import SubprocessScriptLauncher, script_command
 from fabric_core.plugins import get_registry
+from fabric_core.precision import Precision
+from fabric_core.strategies import Binding
 from fabric_ddp import register
 from fabric_ddp.register import DP_ON_CPU_WARNING
 from fabric_ddp.strategy import DataParallelStrategy, DDPStrategy
@@ -152,11 +154,15 @@ def test_ddp_family_rejects_mps():
     for strategy in (DDPStrategy(), DataParallelStrategy()):
         with pytest.raises(ValueError, match="not supported on the MPS accelerator"):
             strategy.attach(
-                accelerator=MPSAccelerator(),
-                devices=[],
-                num_nodes=1,
-                cluster_environment=None,
-                checkpoint_io=None,
+                Binding(
+                    accelerator=MPSAccelerator(),
+                    devices=[],
+                    num_nodes=1,
+                    cluster_environment=None,
+                    checkpoint_io=None,
+                    precision=Precision(),
+                    select_launcher=lambda strategy: None,
+                )
             )
 
 

@@ -9,51 +9,69 @@
 * :func:`lazy_load` (:mod:`~fabric_core.io.lazy`): open a big checkpoint file with tensors read on access;
 * :mod:`~fabric_core.io.state`: the walk over a user's state; :mod:`~fabric_core.io.checkpoint_io`: the
   reference's ``CheckpointIO`` plugin type; :mod:`~fabric_core.io.background`: what finishes after the call.
+
+Part of the plugin SDK: the names in ``__all__`` are the stable contract plugins (ours and third parties') import,
+listed in docs/plugins.md; every other module of the core is internal and may change. The names are imported on
+first access, so importing this package costs nothing.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from fabric_core.utilities.lazy import lazy_exports
-
-if TYPE_CHECKING:
-    from fabric_core.io.checkpoint_io import CheckpointIO, TorchCheckpointIO
-    from fabric_core.io.commit import atomic_save
-    from fabric_core.io.errors import CheckpointPathError, CheckpointReadError, CheckpointSaveError
-    from fabric_core.io.format import CheckpointFormat, FormatContext
-    from fabric_core.io.lazy import lazy_load
-    from fabric_core.io.location import CheckpointLocation
 
 __all__ = [
     "CheckpointFormat",
+    "CheckpointHandle",
     "CheckpointIO",
     "CheckpointLocation",
     "CheckpointPathError",
     "CheckpointReadError",
     "CheckpointSaveError",
+    "Filter",
+    "FindReader",
     "FormatContext",
     "TorchCheckpointIO",
     "atomic_save",
+    "check_missing",
+    "check_replaceable",
+    "commit_directory",
+    "commit_directory_async",
     "lazy_load",
+    "restore_state",
+    "save_file",
+    "state_to_save",
+    "storage_reader",
+    "storage_writer",
+    "wait_for_save",
 ]
 
-# Imported on first use: recognising a checkpoint by its location must not import torch, and a script that never
-# saves does not import the checkpoint modules (``Fabric`` reads ``io.background`` etc. inside its calls).
 __getattr__, __dir__ = lazy_exports(
     __name__,
     "fabric-core",
     {
-        "CheckpointFormat": "fabric_core.io.format",
+        "CheckpointHandle": "fabric_core.io.background",
+        "wait_for_save": "fabric_core.io.background",
         "CheckpointIO": "fabric_core.io.checkpoint_io",
-        "CheckpointLocation": "fabric_core.io.location",
+        "TorchCheckpointIO": "fabric_core.io.checkpoint_io",
+        "atomic_save": "fabric_core.io.commit",
+        "check_replaceable": "fabric_core.io.commit",
+        "commit_directory": "fabric_core.io.commit",
+        "commit_directory_async": "fabric_core.io.commit",
+        "save_file": "fabric_core.io.commit",
+        "storage_reader": "fabric_core.io.dcp",
+        "storage_writer": "fabric_core.io.dcp",
         "CheckpointPathError": "fabric_core.io.errors",
         "CheckpointReadError": "fabric_core.io.errors",
         "CheckpointSaveError": "fabric_core.io.errors",
+        "CheckpointFormat": "fabric_core.io.format",
+        "FindReader": "fabric_core.io.format",
         "FormatContext": "fabric_core.io.format",
-        "TorchCheckpointIO": "fabric_core.io.checkpoint_io",
-        "atomic_save": "fabric_core.io.commit",
         "lazy_load": "fabric_core.io.lazy",
+        "CheckpointLocation": "fabric_core.io.location",
+        "Filter": "fabric_core.io.state",
+        "check_missing": "fabric_core.io.state",
+        "restore_state": "fabric_core.io.state",
+        "state_to_save": "fabric_core.io.state",
     },
-    submodules=("background", "retention", "series", "state"),
+    submodules=('background', 'retention', 'series', 'state'),
 )

@@ -30,7 +30,7 @@ from typing import Any
 
 from fabric_core.io.location import CheckpointLocation
 
-__all__ = ["BackgroundSaveError", "CheckpointHandle", "NotDurableError", "submit", "wait", "wait_all"]
+__all__ = ["BackgroundSaveError", "CheckpointHandle", "NotDurableError", "submit", "wait_all", "wait_for_save"]
 
 THREAD_NAME = "fabric-checkpoint"
 
@@ -187,7 +187,7 @@ def raise_failures() -> None:
         _raise_from(future, key)
 
 
-def wait(path: Any) -> None:
+def wait_for_save(path: Any) -> None:
     """Wait for every in-flight save of ``path``; then raise any unreported background failure.
 
     In the background thread itself this returns at once: its work runs in order, so what came before is done.

@@ -118,7 +118,7 @@ class TorchCheckpointIO(CheckpointIO):
         """
         location = CheckpointLocation.of(path)
         if location.is_url:
-            background.wait(location)
+            background.wait_for_save(location)
             remote.save(checkpoint, location.url, storage_options)
             return
         if storage_options is not None:
@@ -153,7 +153,7 @@ class TorchCheckpointIO(CheckpointIO):
                 file; atomic saves replace the file rather than rewriting it, so they stay valid.
         """
         location = CheckpointLocation.of(path)
-        background.wait(location)  # a save of this path still finishing in the background lands first
+        background.wait_for_save(location)  # a save of this path still finishing in the background lands first
         if location.is_url:
             return remote.load(location.url, map_location, True if weights_only is None else bool(weights_only))
         fspath = str(location.path)
@@ -191,5 +191,5 @@ class TorchCheckpointIO(CheckpointIO):
     def remove_checkpoint(self, path: _PathLike) -> None:
         """Delete a checkpoint file, or a whole checkpoint directory (sharded checkpoints); missing is fine."""
         location = CheckpointLocation.of(path)
-        background.wait(location)
+        background.wait_for_save(location)
         location.remove()

@@ -471,7 +471,7 @@ def atomic_save(obj: Any, path: str | os.PathLike, *, durable_in_background: boo
     file. Processes that memory-mapped the old file keep a valid view of it: the rename swaps the directory entry.
     """
     target = Path(os.fspath(path))
-    background.wait(target)  # an earlier save of this path lands first (and its error surfaces here)
+    background.wait_for_save(target)  # an earlier save of this path lands first (and its error surfaces here)
     written = _write_temp(obj, target, start_writeback=not durable_in_background)
     written.replace_target(sync_first=not durable_in_background)
     folder_fd = _open_folder(target.parent)

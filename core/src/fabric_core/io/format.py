@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from torch.optim import Optimizer
 
     from fabric_core.io.background import CheckpointHandle
+    from fabric_core.utilities.topology import Topology
 
 __all__ = ["CheckpointFormat", "CheckpointReader", "FindReader", "FormatContext", "ReaderFormat", "format_for_loading"]
 
@@ -91,6 +92,9 @@ class FormatContext:
     #: ``state`` by these adapters (fabric-deepspeed: a plain optimizer state for a ZeRO optimizer). So a load that
     #: fails leaves the user's objects as they were.
     check_restore: Callable[[Any, dict[str, Any]], None] = lambda state, checkpoint: None
+    #: Where this rank sits (its data-parallel coordinate, every axis): what a format that writes per-rank or
+    #: per-shard files keys them on. ``None`` from a context built without one.
+    topology: Topology | None = None
 
     def state_to_save(self, state: Mapping[str, Any], filter: Filter | None = None) -> dict[str, Any]:
         """What a checkpoint of ``state`` holds, through this context's adapters (and the precision's state), as

@@ -45,7 +45,7 @@ def lazy_load(path: str | os.PathLike | CheckpointLocation, *, weights_only: boo
             f"`lazy_load` maps a local file into memory, and {str(location)!r} is a URL. Copy it to a local disk first"
             " (it is read once), or load it with `fabric.load`."
         )
-    background.wait(location)  # a save of this path by this process lands first
+    background.wait_for_save(location)  # a save of this path by this process lands first
     file = str(location.path)
     if os.path.isdir(file):
         raise IsADirectoryError(

@@ -1,5 +1,36 @@
-"""Launchers: how the processes of a multi-process run are started."""
+"""Launchers: how the processes of a multi-process run are started, and how a failed rank is reported.
 
-from fabric_core.launchers.base import Launcher, ScriptRequest
+Part of the plugin SDK: the names in ``__all__`` are the stable contract plugins (ours and third parties') import,
+listed in docs/plugins.md; every other module of the core is internal and may change. The names are imported on
+first access, so importing this package costs nothing.
+"""
 
-__all__ = ["Launcher", "ScriptRequest"]
+from __future__ import annotations
+
+from fabric_core.utilities.lazy import lazy_exports
+
+__all__ = [
+    "ERROR_FILE_VARIABLE",
+    "Launcher",
+    "RankFailure",
+    "RecordedError",
+    "ScriptRequest",
+    "job_exit_code",
+    "read_error_file",
+    "report_failures",
+]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    "fabric-core",
+    {
+        "Launcher": "fabric_core.launchers.base",
+        "ScriptRequest": "fabric_core.launchers.base",
+        "ERROR_FILE_VARIABLE": "fabric_core.runtime.failures",
+        "RankFailure": "fabric_core.runtime.failures",
+        "RecordedError": "fabric_core.runtime.failures",
+        "job_exit_code": "fabric_core.runtime.failures",
+        "read_error_file": "fabric_core.runtime.failures",
+        "report_failures": "fabric_core.runtime.failures",
+    },
+)

@@ -261,7 +261,7 @@ class _ChildGroup:
         """Abort the job if a child failed; return whether any child is still running."""
         failed = self._failures()
         if failed:
-            self._abort(failures.job_exit_code(failed), failures.report(failed))
+            self._abort(failures.job_exit_code(failed), failures.report_failures(failed))
         return any(process.poll() is None for process in self.processes)
 
     # ------------------------------------------------------------------------------------------------ hooks
@@ -281,7 +281,7 @@ class _ChildGroup:
     def _on_hang(self, own: failures.RecordedError) -> None:
         """Rank 0 (this process) made no progress: report it with what the children did, and end the job."""
         everyone = [*self._failures(raised=True), failures.RankFailure("Local rank 0", os.getpid(), hang.HANG_EXIT_CODE, own)]
-        self._abort(hang.HANG_EXIT_CODE, failures.report(everyone))
+        self._abort(hang.HANG_EXIT_CODE, failures.report_failures(everyone))
 
     def _failed_children(self, wait: float) -> list[failures.RankFailure]:
         """The children that exited non-zero, waiting up to ``wait`` s for one."""
@@ -315,7 +315,7 @@ class _ChildGroup:
                 )
                 everyone = [*failed, failures.RankFailure("Local rank 0", os.getpid(), 1, own)]
                 code = failures.job_exit_code(everyone)
-                sys.stderr.write(failures.report(everyone) + "[fabric] Terminating the remaining processes.\n")
+                sys.stderr.write(failures.report_failures(everyone) + "[fabric] Terminating the remaining processes.\n")
                 _flush()
             self.terminate()
             if code is not None:

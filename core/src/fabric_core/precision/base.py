@@ -133,7 +133,7 @@ def _cast_floating(data: Any, dtype: torch.dtype) -> Any:
     return apply_to_collection(data, Tensor, cast)
 
 
-class _DefaultDtype:
+class DefaultDtype:
     """Context manager that switches ``torch``'s default floating dtype and always restores it."""
 
     def __init__(self, dtype: torch.dtype) -> None:

@@ -7,7 +7,7 @@ from contextlib import AbstractContextManager
 import torch
 from torch.nn import Module
 
-from fabric_core.precision.base import Precision, _DefaultDtype
+from fabric_core.precision.base import DefaultDtype, Precision
 
 
 class DoublePrecision(Precision):
@@ -18,10 +18,10 @@ class DoublePrecision(Precision):
         return module.double()
 
     def tensor_init_context(self) -> AbstractContextManager:
-        return _DefaultDtype(torch.float64)
+        return DefaultDtype(torch.float64)
 
     def module_init_context(self) -> AbstractContextManager:
-        return _DefaultDtype(torch.float64)
+        return DefaultDtype(torch.float64)
 
     def forward_context(self) -> AbstractContextManager:
-        return _DefaultDtype(torch.float64)
+        return DefaultDtype(torch.float64)

@@ -7,7 +7,7 @@ from contextlib import AbstractContextManager
 import torch
 from torch.nn import Module
 
-from fabric_core.precision.base import Precision, _DefaultDtype
+from fabric_core.precision.base import DefaultDtype, Precision
 
 _DTYPES = {"16-true": torch.float16, "bf16-true": torch.bfloat16}
 
@@ -23,10 +23,10 @@ class HalfPrecision(Precision):
         return module.to(dtype=self.input_dtype)
 
     def tensor_init_context(self) -> AbstractContextManager:
-        return _DefaultDtype(self.input_dtype)
+        return DefaultDtype(self.input_dtype)
 
     def module_init_context(self) -> AbstractContextManager:
-        return _DefaultDtype(self.input_dtype)
+        return DefaultDtype(self.input_dtype)
 
     def forward_context(self) -> AbstractContextManager:
-        return _DefaultDtype(self.input_dtype)
+        return DefaultDtype(self.input_dtype)

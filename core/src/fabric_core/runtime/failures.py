@@ -180,7 +180,7 @@ def _tail(text: str, lines: int = TRACEBACK_LINES) -> str:
     return "\n".join(f"    {line}" for line in shown)
 
 
-def report(failures: Iterable[RankFailure]) -> str:
+def report_failures(failures: Iterable[RankFailure]) -> str:
     """The job's last words: the process that failed first, its own error (traceback end), and who failed after."""
     ordered = first_failures(failures)
     if not ordered:

@@ -28,6 +28,7 @@ from torch.optim import Optimizer
 
 from fabric_core.precision.base import Precision
 from fabric_core.utilities.apply import move_data_to_device
+from fabric_core.utilities.topology import DATA_REPLICATE, TENSOR, Axis, Topology
 
 if TYPE_CHECKING:
     from fabric_core.accelerators.base import Accelerator
@@ -194,19 +195,12 @@ class Strategy(ABC):
     def bind(self, binding: Binding) -> None:
         """The binding step: receive what the resolver decided, all at once, and be complete on return.
 
-        In order: :meth:`attach` (accelerator, devices, nodes, environment, checkpoint I/O, reader lookup: where a
-        strategy completes itself), the precision (checked by :meth:`check_precision`), then the launcher that
-        ``binding.select_launcher`` builds around the now complete strategy. From then on :attr:`precision` and
-        :attr:`launcher` are read-only. ``Fabric(...)`` calls it once; a strategy extends :meth:`attach`, not this.
+        In order: :meth:`attach` (where a strategy completes itself from the binding), the precision (checked by
+        :meth:`check_precision`), then the launcher that ``binding.select_launcher`` builds around the now complete
+        strategy. From then on :attr:`precision` and :attr:`launcher` are read-only. ``Fabric(...)`` calls it once;
+        a strategy extends :meth:`attach`, not this.
         """
-        self.attach(
-            accelerator=binding.accelerator,
-            devices=binding.devices,
-            num_nodes=binding.num_nodes,
-            cluster_environment=binding.cluster_environment,
-            checkpoint_io=binding.checkpoint_io,
-            find_checkpoint_reader=binding.find_checkpoint_reader,
-        )
+        self.attach(binding)
         self.check_precision(binding.precision)
         self.configured_precision = binding.precision
         self._launcher = binding.select_launcher(self)
@@ -223,30 +217,22 @@ class Strategy(ABC):
                 f"`{type(self).__name__}.{member}` is read-only once `Fabric(...)` has bound the strategy: {how}"
             )
 
-    def attach(
-        self,
-        *,
-        accelerator: Accelerator,
-        devices: list[torch.device],
-        num_nodes: int,
-        cluster_environment: ClusterEnvironment | None,
-        checkpoint_io: CheckpointIO | None,
-        find_checkpoint_reader: FindReader | None = None,
-    ) -> None:
-        """The first part of :meth:`bind`: the topology and checkpoint I/O the resolver decided. Values the user set
-        on the strategy itself are kept.
+    def attach(self, binding: Binding) -> None:
+        """The first part of :meth:`bind`: take the accelerator, nodes, checkpoint I/O and reader lookup the resolver
+        decided (``binding``); values the user set on the strategy itself are kept.
 
-        A strategy that completes itself from these (its devices, a check against the accelerator, a mesh) extends
-        this method; the resolver does not call it on its own. ``find_checkpoint_reader``: see :class:`Binding`.
+        A strategy that completes itself from the binding (its devices, a check against the accelerator, a mesh)
+        extends this method and calls ``super().attach(binding)``; to hand its base class a different decision, it
+        passes ``dataclasses.replace(binding, ...)``. The resolver does not call it on its own.
         """
         if self._accelerator is None:
-            self._accelerator = accelerator
+            self._accelerator = binding.accelerator
         if self.configured_checkpoint_io is None:
-            self.configured_checkpoint_io = checkpoint_io
+            self.configured_checkpoint_io = binding.checkpoint_io
         self.check_checkpoint_io(self.configured_checkpoint_io)
-        self._num_nodes = num_nodes
-        if find_checkpoint_reader is not None:
-            self._find_checkpoint_reader = find_checkpoint_reader
+        self._num_nodes = binding.num_nodes
+        if binding.find_checkpoint_reader is not None:
+            self._find_checkpoint_reader = binding.find_checkpoint_reader
 
     @property
     def accelerator(self) -> Accelerator | None:
@@ -370,34 +356,80 @@ class Strategy(ABC):
         return self._num_nodes
 
     @property
+    def topology(self) -> Topology:
+        """Where this process sits: the placement (nodes x processes) and the named axes of :meth:`parallel_axes`.
+
+        Made anew on every read (a fault-tolerant replica axis changes with every quorum), so read it when needed
+        rather than keep it. Samplers, ``is_global_zero``, loggers, checkpoint formats and ``fabric env`` ask this
+        one object; a strategy changes what it says by overriding :meth:`parallel_axes` (and, for another placement
+        of processes, :attr:`placement`).
+        """
+        return self.placement.with_axes(*self.parallel_axes())
+
+    @property
+    def placement(self) -> Topology:
+        """Where the processes are, without axes: :attr:`world_size` processes, one per node (one process here;
+        :class:`~fabric_core.strategies.layout.ProcessPerDevice` places one per device)."""
+        world = max(1, self.world_size)
+        return Topology(num_nodes=world, processes_per_node=1, node_rank=self.global_rank)
+
+    def parallel_axes(self) -> tuple[Axis, ...]:
+        """The named axes this strategy splits its world along, outermost first (see :class:`Axis`).
+
+        By default: nothing for one process; for several, one data-parallel axis ``"data_replicate"`` over the
+        world (every process a replica, as DDP). A strategy that shards the model (FSDP: ``"data_shard"``) or
+        splits it over model axes (tensor, pipeline, sequence) overrides this. A strategy written against the older
+        contract, which overrides :attr:`data_parallel_rank` and :attr:`data_parallel_size` instead, gets a
+        ``"data_parallel"`` axis from them and the rest of the world as one ``"model_parallel"`` tensor axis.
+        """
+        world = self.world_size
+        if world <= 1:
+            return ()
+        cls = type(self)
+        if cls.data_parallel_rank is Strategy.data_parallel_rank and cls.data_parallel_size is Strategy.data_parallel_size:
+            return (Axis("data_replicate", world, self.global_rank, DATA_REPLICATE),)
+        size, rank = self.data_parallel_size, self.data_parallel_rank
+        if size == world:
+            return (Axis("data_parallel", size, rank, DATA_REPLICATE),)
+        model = world // size
+        return (
+            Axis("data_parallel", size, rank, DATA_REPLICATE),
+            Axis("model_parallel", model, self.global_rank % model, TENSOR),
+        )
+
+    @property
     def is_global_zero(self) -> bool:
-        """Whether this is the process of global rank 0 (the one that writes single-file checkpoints)."""
-        return self.global_rank == 0
+        """Whether this process writes what one process writes for the job (single-file checkpoints, logs): the
+        :attr:`topology`'s answer (global rank 0, in the first live member of any fault-tolerant axis)."""
+        if self.global_rank != 0:
+            return False  # the common answer, without building a topology
+        return self.topology.is_global_zero
 
     @property
     def data_parallel_rank(self) -> int:
         """Which share of the data this process trains on: processes with the same data-parallel rank must get the
         same batches (the tensor-parallel peers of a model sharded over several processes do).
 
-        The global rank by default, right when every process holds a whole replica or a data-parallel shard of the
-        model (DDP, FSDP). A strategy that splits the model over some of its processes overrides this and
-        :attr:`data_parallel_size`; the sampler of ``fabric.setup_dataloaders`` uses them, and ``fabric.setup``
-        refuses a model with DTensor parameters from a strategy that declares neither (the default could give
-        tensor-parallel peers different batches).
+        The :attr:`topology`'s (its coordinates over every data axis together). A strategy declares it through
+        :meth:`parallel_axes`; the sampler of ``fabric.setup_dataloaders`` uses it, and ``fabric.setup`` refuses a
+        model with DTensor parameters from a strategy that declares no axes (the default could give tensor-parallel
+        peers different batches).
         """
-        return self.global_rank
+        return self.topology.data_parallel_rank
 
     @property
     def data_parallel_size(self) -> int:
-        """How many shares the data is split into (see :attr:`data_parallel_rank`); the world size by default."""
-        return self.world_size
+        """How many shares the data is split into (see :attr:`data_parallel_rank`): the :attr:`topology`'s."""
+        return self.topology.data_parallel_size
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, Any] | None:
         """``num_replicas``/``rank`` for the ``DistributedSampler`` of ``fabric.setup_dataloaders``; ``None`` when
-        data is not sharded (one process). Multi-process layouts give :attr:`data_parallel_size` and
-        :attr:`data_parallel_rank`."""
-        return None
+        data is not sharded (one share). From :attr:`data_parallel_size` and :attr:`data_parallel_rank`."""
+        size = self.data_parallel_size
+        if size <= 1:
+            return None
+        return {"num_replicas": size, "rank": self.data_parallel_rank}
 
     @property
     def backward_sync_control(self) -> BackwardSyncControl | None:
@@ -641,6 +673,7 @@ class Strategy(ABC):
         return FormatContext(
             coordinator=self,
             world_size=self.world_size,
+            topology=self.topology,
             module_state=self.get_module_state_dict,
             load_module_state=self.load_module_state_dict,
             optimizer_state=self.get_optimizer_state,

@@ -13,16 +13,13 @@ layout::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from fabric_core.strategies.base import Strategy
+from fabric_core.strategies.base import Binding, Strategy
 from fabric_core.utilities import rank_zero
 from fabric_core.utilities.topology import Topology
-
-if TYPE_CHECKING:
-    from fabric_core.environments.base import ClusterEnvironment
 
 
 class ProcessPerDevice(Strategy):
@@ -30,20 +27,19 @@ class ProcessPerDevice(Strategy):
 
     Ranks and the world size come from :attr:`cluster_environment` (``None`` until the resolver attaches one, or
     for a strategy that creates it when its processes start: then this process is rank 0 of the world that
-    ``devices`` x ``num_nodes`` configure). The data-parallel rank and size are the global ones: a strategy that
-    shards the model over some of its processes overrides
-    :attr:`~fabric_core.strategies.base.Strategy.data_parallel_rank` and
-    :attr:`~fabric_core.strategies.base.Strategy.data_parallel_size`.
+    ``devices`` x ``num_nodes`` configure). By default the world is one data-parallel axis (every process a
+    replica); a strategy that shards the model or splits it over model axes overrides
+    :meth:`~fabric_core.strategies.base.Strategy.parallel_axes`.
     """
 
-    def attach(self, *, devices: list[torch.device], cluster_environment: ClusterEnvironment | None, **kwargs: Any) -> None:
+    def attach(self, binding: Binding) -> None:
         """Keep the devices and the environment set on the strategy itself; take the resolver's otherwise, then
         tell the environment this process's rank and the world size (:meth:`set_world_ranks`)."""
-        super().attach(devices=devices, cluster_environment=cluster_environment, **kwargs)
+        super().attach(binding)
         if self.parallel_devices is None:
-            self.parallel_devices = list(devices)
+            self.parallel_devices = list(binding.devices)
         if self.cluster_environment is None:
-            self.cluster_environment = cluster_environment
+            self.cluster_environment = binding.cluster_environment
         self.set_world_ranks()
 
     @property
@@ -94,7 +90,7 @@ class ProcessPerDevice(Strategy):
         return Topology(self.num_nodes, max(1, self.num_processes), self.node_rank, self.local_rank)
 
     @property
-    def topology(self) -> Topology:
+    def placement(self) -> Topology:
         """Where this process sits in the running job: the environment's world, split evenly over the nodes.
 
         Equal to :attr:`configured_topology` unless a launcher outside Fabric (torchrun, SLURM, ...) started a
@@ -127,5 +123,6 @@ def declares_data_parallel(strategy: Strategy) -> bool:
     return (
         cls.data_parallel_rank is not Strategy.data_parallel_rank
         or cls.data_parallel_size is not Strategy.data_parallel_size
+        or cls.parallel_axes is not Strategy.parallel_axes
         or cls.distributed_sampler_kwargs not in (Strategy.distributed_sampler_kwargs, ProcessPerDevice.distributed_sampler_kwargs)
     )

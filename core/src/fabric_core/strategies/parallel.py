@@ -122,7 +122,7 @@ class ProcessGroupCollectives(Collectives):
             kwargs["timeout"] = timeout
         backend = self.get_process_group_backend()
         rank, world_size = env.global_rank(), env.world_size()
-        rank_zero.log.info(f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/{world_size}")
+        rank_zero.fabric_log.info(f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/{world_size}")
         store = restart_attempt_store(env.main_address, env.main_port, world_size, timeout)
         if store is not None:
             kwargs["store"] = store
@@ -137,6 +137,12 @@ class ProcessGroupCollectives(Collectives):
         )
         self._owns_process_group = True
         release_at_exit()  # a gloo group alive at interpreter exit can turn a successful run into exit 134
+
+    @property
+    def owns_process_group(self) -> bool:
+        """Whether this object created the default process group (and destroys it at teardown); ``False`` when the
+        group was made by someone else (Ray Train, a user) or is already destroyed."""
+        return self._owns_process_group
 
     def destroy_process_group(self) -> None:
         """Destroy the process group this object created (and the groups made for checkpoints and waits).
@@ -155,7 +161,9 @@ class ProcessGroupCollectives(Collectives):
 
     # ---------------------------------------------------------------------------------------- collectives
     @staticmethod
-    def _ready() -> bool:
+    def process_group_ready() -> bool:
+        """Whether the default process group exists: before it does (one process, or before ``launch``) every
+        collective is an identity, and a strategy that needs the group (a mesh, an engine) says so instead."""
         dist = _dist()
         return dist.is_available() and dist.is_initialized()
 
@@ -181,7 +189,7 @@ class ProcessGroupCollectives(Collectives):
         be reduced element by element as flat buffers, a silently wrong result.
         """
         op_name = self.validate_reduce_op(reduce_op)
-        if not self._ready():
+        if not self.process_group_ready():
             return tensor
         dist = _dist()
         shapes = self._shapes(tensor, group)
@@ -211,7 +219,7 @@ class ProcessGroupCollectives(Collectives):
         Shapes are exchanged first; when they differ, tensors are padded to the largest size, gathered, and
         returned as a tuple of per-rank tensors (a stacked tensor only when all shapes match).
         """
-        if not self._ready():
+        if not self.process_group_ready():
             return tensor
         dist = _dist()
         world = dist.get_world_size(group)
@@ -248,7 +256,7 @@ class ProcessGroupCollectives(Collectives):
 
     def barrier(self, name: str | None = None) -> None:
         """Wait for every process of the group (on CUDA with nccl, on this process's device)."""
-        if not self._ready():
+        if not self.process_group_ready():
             return
         dist = _dist()
         try:
@@ -267,21 +275,21 @@ class ProcessGroupCollectives(Collectives):
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         """Send a picklable object from rank ``src`` to every process of the group."""
         check_broadcast_src(src, self.world_size)
-        if not self._ready():
+        if not self.process_group_ready():
             return obj
         gloo = self.get_process_group_backend() == "gloo"
         return broadcast_object(obj, src=src, device=torch.device("cpu") if gloo else self.root_device)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Every process's picklable ``obj``, in rank order, in two all-gathers (sizes, then bytes; no numpy)."""
-        if not self._ready():
+        if not self.process_group_ready():
             return [obj]
         gloo = self.get_process_group_backend() == "gloo"
         return all_gather_object(obj, device=torch.device("cpu") if gloo else self.root_device)
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         """The vote in one small all-reduce (no shape check: every rank sends one number)."""
-        if not self._ready():
+        if not self.process_group_ready():
             return decision
         flag = torch.tensor(int(decision), device=self.root_device)
         _dist().all_reduce(flag, op=_dist().ReduceOp.SUM)
@@ -290,7 +298,7 @@ class ProcessGroupCollectives(Collectives):
     def checkpoint_coordinator(self) -> _GroupCoordinator:
         """Collectives over a gloo group of their own (made once, every rank together), for the background thread
         that finishes asynchronous saves while the training loop runs collectives on the default group."""
-        if not self._ready():
+        if not self.process_group_ready():
             return _GroupCoordinator(None, self.is_global_zero, self.root_device)
         if self._checkpoint_group is None:
             self._checkpoint_group = _dist().new_group(backend="gloo", timeout=collective_timeout(self.timeout))
@@ -298,7 +306,7 @@ class ProcessGroupCollectives(Collectives):
 
     def prepare_barrier_without_timeout(self) -> None:
         """Create (once, every rank together) the gloo group that :meth:`barrier_without_timeout` waits on."""
-        if self._ready() and self._unlimited_group is None:
+        if self.process_group_ready() and self._unlimited_group is None:
             self._unlimited_group = _dist().new_group(backend="gloo", timeout=timedelta(days=10000))
 
     def barrier_without_timeout(self, name: str | None = None) -> None:
@@ -308,7 +316,7 @@ class ProcessGroupCollectives(Collectives):
         ordinary barrier would fail at the process-group timeout. If a rank dies instead, its connections close and
         the others fail at once.
         """
-        if not self._ready():
+        if not self.process_group_ready():
             return
         if self._unlimited_group is None:
             raise RuntimeError("call `prepare_barrier_without_timeout()` on every rank first")

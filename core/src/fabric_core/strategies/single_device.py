@@ -6,14 +6,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fabric_core.strategies.base import BackwardSyncControl, NothingToSync, Strategy
+from fabric_core.strategies.base import BackwardSyncControl, Binding, NothingToSync, Strategy
 from fabric_core.strategies.collectives import OneProcessCollectives
 
 if TYPE_CHECKING:
     from fabric_core.accelerators.base import Accelerator
-    from fabric_core.environments.base import ClusterEnvironment
     from fabric_core.io.checkpoint_io import CheckpointIO
-    from fabric_core.io.format import FindReader
     from fabric_core.precision.base import Precision
 
 
@@ -30,24 +28,10 @@ class SingleDeviceStrategy(OneProcessCollectives, Strategy):
         super().__init__(accelerator=accelerator, checkpoint_io=checkpoint_io, precision=precision)
         self._device = torch.device(device) if device is not None else None
 
-    def attach(
-        self,
-        *,
-        accelerator: Accelerator,
-        devices: list[torch.device],
-        num_nodes: int,
-        cluster_environment: ClusterEnvironment | None,
-        checkpoint_io: CheckpointIO | None,
-        find_checkpoint_reader: FindReader | None = None,
-    ) -> None:
-        super().attach(
-            accelerator=accelerator,
-            devices=devices,
-            num_nodes=num_nodes,
-            cluster_environment=cluster_environment,
-            checkpoint_io=checkpoint_io,
-            find_checkpoint_reader=find_checkpoint_reader,
-        )
+    def attach(self, binding: Binding) -> None:
+        """Take the resolver's decisions; one device only (a strategy for several says so instead)."""
+        super().attach(binding)
+        devices = binding.devices
         if len(devices) > 1:
             raise ValueError(
                 f"The `{type(self).__name__}` runs one process on one device, but `devices` selects {len(devices)}."

@@ -20,16 +20,24 @@ if TYPE_CHECKING:
     from fabric_core.utilities.warnings import disable_possible_user_warnings
 
 __all__ = [
+    "MisconfigurationException",
     "RunInfo",
     "Throughput",
     "ThroughputMonitor",
+    "clip_grad_norm",
     "disable_possible_user_warnings",
+    "fabric_log",
+    "get_rank",
+    "lazy_exports",
+    "load_callable",
     "measure_flops",
     "move_data_to_device",
     "rank_zero_info",
     "rank_zero_only",
     "rank_zero_warn",
     "seed_everything",
+    "set_rank",
+    "shard_full_tensors_on_load",
 ]
 
 __getattr__, __dir__ = lazy_exports(
@@ -41,6 +49,14 @@ __getattr__, __dir__ = lazy_exports(
         "ThroughputMonitor": "fabric_core.runtime.throughput",
         "measure_flops": "fabric_core.runtime.throughput",
         "move_data_to_device": "fabric_core.utilities.apply",
+        "clip_grad_norm": "fabric_core.utilities.dtensor",
+        "shard_full_tensors_on_load": "fabric_core.utilities.dtensor",
+        "MisconfigurationException": "fabric_core.utilities.exceptions",
+        "load_callable": "fabric_core.utilities.imports",
+        "lazy_exports": "fabric_core.utilities.lazy",
+        "get_rank": "fabric_core.utilities.rank_zero",
+        "set_rank": "fabric_core.utilities.rank_zero",
+        "fabric_log": "fabric_core.utilities.rank_zero",
         "rank_zero_info": "fabric_core.utilities.rank_zero",
         "rank_zero_only": "fabric_core.utilities.rank_zero",
         "rank_zero_warn": "fabric_core.utilities.rank_zero",

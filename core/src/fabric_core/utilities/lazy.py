@@ -8,7 +8,7 @@ installed distribution's metadata only when asked for::
     __getattr__, __dir__ = lazy_exports(__name__, "fabric-mything", {"MyStrategy": "fabric_mything.strategy"})
 
 A package may also name ``submodules`` that are imported when first read as attributes, so that a caller names the
-dependency once at the top of its file (``from fabric_core import io`` ... ``io.background.wait(path)``) and still
+dependency once at the top of its file (``from fabric_core import io`` ... ``io.background.wait_for_save(path)``) and still
 pays for the module only in the call that uses it (``Fabric`` does this for checkpoints and loggers).
 """
 

@@ -13,7 +13,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-log = logging.getLogger("fabric_core")
+#: The ``fabric_core`` logger: every rank writes through it (the rank-zero gate is :func:`rank_zero_info`'s).
+fabric_log = logging.getLogger("fabric_core")
 
 T = TypeVar("T")
 
@@ -72,4 +73,4 @@ def rank_zero_warn(message: str, category: type[Warning] = UserWarning, stacklev
 
 def rank_zero_info(message: str) -> None:
     if _RankHolder.rank == 0:
-        log.info(message)
+        fabric_log.info(message)

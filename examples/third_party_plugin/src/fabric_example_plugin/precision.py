@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fabric_core.precision.double import DoublePrecision
+from fabric_core.precision import DoublePrecision
 
 
 class ExampleDoublePrecision(DoublePrecision):

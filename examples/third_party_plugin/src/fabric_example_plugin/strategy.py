@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fabric_core.strategies.single_device import SingleDeviceStrategy
+from fabric_core.strategies import SingleDeviceStrategy
 
 
 class StepCountingStrategy(SingleDeviceStrategy):

@@ -6,9 +6,8 @@ from contextlib import AbstractContextManager
 
 import torch
 
-from fabric_core.precision.base import Precision
-from fabric_core.precision.loss_scaling import LossScaling
-from fabric_core.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from fabric_core.precision import LossScaling, Precision
+from fabric_core.utilities import rank_zero_info, rank_zero_warn
 
 _DTYPES = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
 _CPU_FALLBACK_WARNING = (

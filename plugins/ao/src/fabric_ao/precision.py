@@ -12,7 +12,7 @@ import torch
 from torch.nn import Module
 
 from fabric_core.precision import Precision
-from fabric_core.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from fabric_core.utilities import rank_zero_info, rank_zero_warn
 
 #: torchao's float8 training recipes (``Float8LinearConfig.from_recipe_name``)
 RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")

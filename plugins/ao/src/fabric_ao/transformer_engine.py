@@ -16,7 +16,7 @@ import torch
 from torch.nn import Module
 
 from fabric_core.precision import Precision
-from fabric_core.utilities.rank_zero import rank_zero_warn
+from fabric_core.utilities import rank_zero_warn
 
 #: what to install: Transformer Engine's PyTorch extension builds against the installed CUDA torch
 TE_INSTALL = 'pip install --no-build-isolation "transformer_engine[pytorch]"'

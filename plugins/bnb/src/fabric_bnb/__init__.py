@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fabric_core.utilities.lazy import lazy_exports
+from fabric_core.utilities import lazy_exports
 
 if TYPE_CHECKING:
     from fabric_bnb.precision import BitsandbytesPrecision

@@ -59,7 +59,7 @@ def fabric_register_strategies(registrar: Registrar) -> None:
 def fabric_adjust_strategy(registry: Registry, strategy: str, accelerator: Any, num_devices: int, num_nodes: int) -> str | None:
     """``dp`` on the CPU becomes ``ddp``: ``DataParallel`` splits batches over GPUs, and a CPU has none to split over."""
     if strategy == "dp" and accelerator.device_type == "cpu":
-        from fabric_core.utilities.rank_zero import rank_zero_warn
+        from fabric_core.utilities import rank_zero_warn
 
         rank_zero_warn(DP_ON_CPU_WARNING)
         return "ddp"

@@ -14,15 +14,20 @@ import torch
 from torch.nn import DataParallel, Module
 from torch.nn.parallel import DistributedDataParallel
 
-from fabric_core.strategies.base import BackwardSyncControl, Strategy
-from fabric_core.strategies.collectives import OneProcessCollectives
-from fabric_core.strategies.parallel import ParallelStrategy, split_parallel_options
-from fabric_core.utilities import rank_zero
+from fabric_core.strategies import (
+    BackwardSyncControl,
+    Binding,
+    OneProcessCollectives,
+    ParallelStrategy,
+    Strategy,
+    split_parallel_options,
+)
+from fabric_core.utilities import set_rank
 
 if TYPE_CHECKING:
-    from fabric_core.accelerators.base import Accelerator
-    from fabric_core.io.checkpoint_io import CheckpointIO
-    from fabric_core.precision.base import Precision
+    from fabric_core.accelerators import Accelerator
+    from fabric_core.io import CheckpointIO
+    from fabric_core.precision import Precision
 
 
 def _reject_mps(strategy: Strategy, accelerator: Accelerator) -> None:
@@ -66,9 +71,9 @@ class DDPStrategy(ParallelStrategy):
         self._ddp_kwargs = ddp_kwargs
         self._backward_sync = _DDPBackwardSyncControl()
 
-    def attach(self, *, accelerator: Accelerator, **kwargs: Any) -> None:
-        _reject_mps(self, accelerator)
-        super().attach(accelerator=accelerator, **kwargs)
+    def attach(self, binding: Binding) -> None:
+        _reject_mps(self, binding.accelerator)
+        super().attach(binding)
 
     @property
     def ddp_kwargs(self) -> dict[str, Any]:
@@ -112,17 +117,17 @@ class DataParallelStrategy(OneProcessCollectives, Strategy):
         super().__init__(accelerator=accelerator, checkpoint_io=checkpoint_io, precision=precision)
         self.parallel_devices = parallel_devices
 
-    def attach(self, *, accelerator: Accelerator, devices: list[torch.device], **kwargs: Any) -> None:
-        _reject_mps(self, accelerator)
-        if accelerator.device_type == "cpu":
+    def attach(self, binding: Binding) -> None:
+        _reject_mps(self, binding.accelerator)
+        if binding.accelerator.device_type == "cpu":
             raise ValueError(
                 "`DataParallelStrategy` splits batches over GPUs and cannot run on the CPU. Use"
                 " `Fabric(strategy='dp')` (which becomes 'ddp' on the CPU) or `strategy='ddp'`."
             )
-        super().attach(accelerator=accelerator, devices=devices, **kwargs)
+        super().attach(binding)
         if self.parallel_devices is None:
-            self.parallel_devices = list(devices)
-        rank_zero.set_rank(0)
+            self.parallel_devices = list(binding.devices)
+        set_rank(0)
 
     @property
     def root_device(self) -> torch.device:

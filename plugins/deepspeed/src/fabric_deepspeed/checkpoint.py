@@ -34,10 +34,17 @@ import torch
 from torch.nn import Module
 from torch.optim import Optimizer
 
-from fabric_core.io.commit import check_replaceable, commit_directory
-from fabric_core.io.format import CheckpointFormat, FormatContext
-from fabric_core.io.location import CheckpointLocation
-from fabric_core.io.state import Filter, check_missing, restore_state, state_to_save
+from fabric_core.io import (
+    CheckpointFormat,
+    CheckpointLocation,
+    Filter,
+    FormatContext,
+    check_missing,
+    check_replaceable,
+    commit_directory,
+    restore_state,
+    state_to_save,
+)
 from fabric_deepspeed import runtime
 from fabric_deepspeed.layout import (
     FORMAT_KEY,
@@ -466,7 +473,7 @@ def _read_local(path: Path, map_location: Any, weights_only: bool | None) -> dic
         weights = {k: (v.float() if torch.is_floating_point(v) else v) for k, v in first["module"].items()}
     weights = {k: v.contiguous().clone() if not v.is_contiguous() else v for k, v in weights.items()}
     if map_location is not None and str(map_location) != "cpu":
-        from fabric_core.utilities.apply import move_data_to_device
+        from fabric_core.utilities import move_data_to_device
 
         weights = move_data_to_device(weights, torch.device(map_location))
     out: dict[str, Any] = {model_key: weights}

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from fabric_core.utilities.exceptions import MisconfigurationException
+from fabric_core.utilities import MisconfigurationException
 
 #: The reference's variable: a DeepSpeed config file used when no ``config=`` is given.
 CONFIG_PATH_VARIABLE = "PL_DEEPSPEED_CONFIG_PATH"

@@ -23,7 +23,7 @@ import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from fabric_core.io.location import CheckpointLocation
+    from fabric_core.io import CheckpointLocation
 
 #: The file naming the tag (sub-directory) of the newest checkpoint in the directory.
 LATEST = "latest"
@@ -37,7 +37,7 @@ MODEL_STATES_SUFFIX = "model_states.pt"
 
 def read_tag(path: CheckpointLocation | str | os.PathLike) -> str | None:
     """The tag written in ``path/latest``, or ``None`` when there is no readable one."""
-    from fabric_core.io.location import CheckpointLocation
+    from fabric_core.io import CheckpointLocation
 
     try:
         with CheckpointLocation.of(path).child(LATEST).open("rb") as file:
@@ -49,7 +49,7 @@ def read_tag(path: CheckpointLocation | str | os.PathLike) -> str | None:
 
 def model_states_files(path: CheckpointLocation | str | os.PathLike, tag: str) -> list[CheckpointLocation]:
     """The model-states files of ``tag`` in ``path``, sorted (stage 0-2: one; stage 3: one per rank)."""
-    from fabric_core.io.location import CheckpointLocation
+    from fabric_core.io import CheckpointLocation
 
     folder = CheckpointLocation.of(path).child(tag)
     return [folder.child(n) for n in folder.listdir() if n.endswith(MODEL_STATES_SUFFIX)]
@@ -58,7 +58,7 @@ def model_states_files(path: CheckpointLocation | str | os.PathLike, tag: str) -
 def is_deepspeed_checkpoint(path: CheckpointLocation | str | os.PathLike) -> bool:
     """True for a folder (local, or the committed version at a URL) with a ``latest`` file whose tag folder holds
     model-states files."""
-    from fabric_core.io.location import CheckpointLocation
+    from fabric_core.io import CheckpointLocation
 
     location = CheckpointLocation.of(path).committed()
     if not location.is_dir():
@@ -69,7 +69,7 @@ def is_deepspeed_checkpoint(path: CheckpointLocation | str | os.PathLike) -> boo
 
 def tag_folder_parent(path: CheckpointLocation | str | os.PathLike) -> CheckpointLocation | None:
     """When ``path`` is the tag folder *inside* a DeepSpeed checkpoint, the checkpoint folder; else ``None``."""
-    from fabric_core.io.location import CheckpointLocation
+    from fabric_core.io import CheckpointLocation
 
     location = CheckpointLocation.of(path)
     parent = location.parent

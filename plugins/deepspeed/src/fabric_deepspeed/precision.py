@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 
-from fabric_core.precision.base import Precision, _DefaultDtype
+from fabric_core.precision import DefaultDtype, Precision
 
 SUPPORTED = ("32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed")
 _DTYPES = {
@@ -51,7 +51,7 @@ class DeepSpeedPrecision(Precision):
         return module.to(dtype=self.dtype) if self._true_half else module
 
     def tensor_init_context(self) -> AbstractContextManager:
-        return _DefaultDtype(self.dtype) if self._true_half else nullcontext()
+        return DefaultDtype(self.dtype) if self._true_half else nullcontext()
 
     def module_init_context(self) -> AbstractContextManager:
         return self.tensor_init_context()

@@ -25,14 +25,17 @@ from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
 
-from fabric_core.io.background import CheckpointHandle
-from fabric_core.io.format import CheckpointFormat, FormatContext
-from fabric_core.io.location import CheckpointLocation
-from fabric_core.io.state import Filter
-from fabric_core.precision.base import Precision
-from fabric_core.strategies.base import require_precision_type
-from fabric_core.strategies.parallel import ParallelStrategy, collective_timeout
-from fabric_core.utilities.rank_zero import rank_zero_warn
+from fabric_core.io import CheckpointFormat, CheckpointHandle, CheckpointLocation, Filter, FormatContext
+from fabric_core.precision import Precision
+from fabric_core.strategies import (
+    DATA_REPLICATE,
+    DATA_SHARD,
+    Axis,
+    ParallelStrategy,
+    collective_timeout,
+    require_precision_type,
+)
+from fabric_core.utilities import rank_zero_warn
 from fabric_deepspeed import checkpoint as ds_checkpoint
 from fabric_deepspeed import config as ds_config
 from fabric_deepspeed import runtime
@@ -42,9 +45,9 @@ from fabric_deepspeed.precision import SUPPORTED, DeepSpeedPrecision
 if TYPE_CHECKING:
     from typing import Unpack
 
-    from fabric_core.accelerators.base import Accelerator
-    from fabric_core.io.checkpoint_io import CheckpointIO
-    from fabric_core.strategies.parallel import ParallelOptions
+    from fabric_core.accelerators import Accelerator
+    from fabric_core.io import CheckpointIO
+    from fabric_core.strategies import ParallelOptions
 
 __all__ = ["DeepSpeedStrategy"]
 
@@ -69,7 +72,7 @@ def _check_precision(precision: Precision | None) -> None:
 
 
 def _check_checkpoint_io(io: Any) -> None:
-    from fabric_core.io.checkpoint_io import TorchCheckpointIO
+    from fabric_core.io import TorchCheckpointIO
 
     if io is None or type(io) is TorchCheckpointIO:
         return
@@ -206,6 +209,15 @@ class DeepSpeedStrategy(ParallelStrategy):
     def zero_stage(self) -> int:
         return ds_config.zero_stage(self.config)
 
+    def parallel_axes(self) -> tuple[Axis, ...]:
+        """One data-parallel axis over the world: ``data_shard`` under ZeRO stages 1-3 (optimizer state, gradients
+        or parameters partitioned over it), ``data_replicate`` at stage 0."""
+        if self.world_size <= 1:
+            return ()
+        if self.zero_stage == 0:
+            return (Axis("data_replicate", self.world_size, self.global_rank, DATA_REPLICATE),)
+        return (Axis("data_shard", self.world_size, self.global_rank, DATA_SHARD),)
+
     @property
     def zero_stage_3(self) -> bool:
         return self.zero_stage == 3
@@ -224,7 +236,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         """Import DeepSpeed for this device, finish the config, join our process group (once, on every rank)."""
         if self._deepspeed is not None:
             return self._deepspeed
-        if not self._ready():
+        if not self.process_group_ready():
             raise RuntimeError(
                 "The DeepSpeed strategy needs its processes before a model is set up: call `fabric.launch()` first"
                 " (or start the script with `fabric run`)."
@@ -247,7 +259,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         env = self.cluster_environment
         if env is None:
             return
-        self.topology.export(env.main_address, env.main_port, ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"))
+        self.placement.export(env.main_address, env.main_port, ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"))
 
     def _check_nvme(self, deepspeed: ModuleType) -> None:
         """NVMe offload needs DeepSpeed's ``async_io`` op; say what is missing before DeepSpeed spends a minute."""
@@ -278,7 +290,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         self._prepare()
 
     def teardown(self) -> None:
-        owned = self._owns_process_group
+        owned = self.owns_process_group
         self._engines.clear()
         self._current = None
         super().teardown()

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch.nn import Module, Parameter
 
-from fabric_core.utilities.rank_zero import rank_zero_warn
+from fabric_core.utilities import rank_zero_warn
 
 __all__ = [
     "FSDP1_KWARGS",

@@ -30,14 +30,24 @@ import torch
 from torch.nn import Module
 from torch.optim import Optimizer
 
-from fabric_core.io.background import CheckpointHandle
-from fabric_core.io.commit import check_replaceable, commit_directory, commit_directory_async, save_file
-from fabric_core.io.dcp import storage_reader, storage_writer
-from fabric_core.io.errors import CheckpointPathError
-from fabric_core.io.format import CheckpointFormat, FormatContext
-from fabric_core.io.location import CheckpointLocation
-from fabric_core.io.state import Filter, check_missing, restore_state, state_to_save
-from fabric_core.utilities.dtensor import shard_full_tensors_on_load
+from fabric_core.io import (
+    CheckpointFormat,
+    CheckpointHandle,
+    CheckpointLocation,
+    CheckpointPathError,
+    Filter,
+    FormatContext,
+    check_missing,
+    check_replaceable,
+    commit_directory,
+    commit_directory_async,
+    restore_state,
+    save_file,
+    state_to_save,
+    storage_reader,
+    storage_writer,
+)
+from fabric_core.utilities import shard_full_tensors_on_load
 from fabric_fsdp.layout import (
     DCP_METADATA,
     FORMAT_KEY,
@@ -179,7 +189,7 @@ def find_model(state: dict[str, Any], action: str) -> tuple[str | None, Module |
 
 def read_meta(path: CheckpointLocation | str | os.PathLike, weights_only: bool | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Return ``(meta, format_record)`` of a sharded checkpoint; the record is removed from ``meta``."""
-    from fabric_core.io.checkpoint_io import TorchCheckpointIO
+    from fabric_core.io import TorchCheckpointIO
 
     location = CheckpointLocation.of(path)
     meta = TorchCheckpointIO().load_checkpoint(location.child(META_FILE), weights_only=weights_only)
@@ -219,7 +229,7 @@ def load_sharded_checkpoint(
         if key in tensors:
             tensors[key] = optimizer_state_by_position(tensors[key])
     if map_location is not None and str(map_location) != "cpu":
-        from fabric_core.utilities.apply import move_data_to_device
+        from fabric_core.utilities import move_data_to_device
 
         tensors = move_data_to_device(tensors, torch.device(map_location))
     tensors.update(meta)

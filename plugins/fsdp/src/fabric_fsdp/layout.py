@@ -22,7 +22,7 @@ import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from fabric_core.io.location import CheckpointLocation
+    from fabric_core.io import CheckpointLocation
 
 #: DCP's index file, present in every DCP checkpoint directory.
 DCP_METADATA = ".metadata"
@@ -39,7 +39,7 @@ def sharded_location(path: CheckpointLocation | str | os.PathLike) -> Checkpoint
     Locally that is ``path`` itself: a directory holding a DCP index and our ``meta.pt``. At a URL (an object
     store) it is the committed version the core's marker names (:meth:`CheckpointLocation.committed`).
     """
-    from fabric_core.io.location import CheckpointLocation
+    from fabric_core.io import CheckpointLocation
 
     location = CheckpointLocation.of(path).committed()
     return location if location.child(DCP_METADATA).is_file() and location.child(META_FILE).is_file() else None

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.nn import Module
 
-from fabric_core.utilities.imports import load_callable
+from fabric_core.strategies import DATA_SHARD, TENSOR, Axis, Binding
+from fabric_core.utilities import load_callable
 from fabric_fsdp import sharding
 from fabric_fsdp.sharded import ShardedStrategy
 from fabric_fsdp.sharding import is_dtensor, is_fsdp
@@ -28,9 +29,9 @@ if TYPE_CHECKING:
 
     from torch.distributed.device_mesh import DeviceMesh
 
-    from fabric_core.accelerators.base import Accelerator
-    from fabric_core.precision.base import Precision
-    from fabric_core.strategies.parallel import ParallelOptions
+    from fabric_core.accelerators import Accelerator
+    from fabric_core.precision import Precision
+    from fabric_core.strategies import ParallelOptions
 
 __all__ = ["MESH_DIMENSIONS", "ModelParallelStrategy", "mesh_sizes"]
 
@@ -127,22 +128,22 @@ class ModelParallelStrategy(ShardedStrategy):
     def mesh_shape(self) -> tuple[int, int]:
         """``(data_parallel_size, tensor_parallel_size)`` as the job resolves them (``ValueError`` when their product is
         not the world size)."""
-        return mesh_sizes(self._data_parallel_size, self._tensor_parallel_size, self.num_nodes, self.topology.processes_per_node)
-
-    @property
-    def data_parallel_size(self) -> int:
-        """The mesh's rows: processes of different rows read different batches."""
-        return self.mesh_shape[0]
+        return mesh_sizes(self._data_parallel_size, self._tensor_parallel_size, self.num_nodes, self.placement.processes_per_node)
 
     @property
     def tensor_parallel_size(self) -> int:
         """The mesh's columns: the processes one model replica is split over."""
         return self.mesh_shape[1]
 
-    @property
-    def data_parallel_rank(self) -> int:
-        """This process's row of the mesh (its tensor-parallel peers share it, and their batches)."""
-        return self.global_rank // self.tensor_parallel_size
+    def parallel_axes(self) -> tuple[Axis, ...]:
+        """The mesh's two dimensions: ``data_parallel`` rows (different batches; FSDP2 shards over them) and
+        ``tensor_parallel`` columns (the processes one model replica is split over, which share their batches)."""
+        rows, columns = self.mesh_shape
+        rank = self.global_rank
+        return (
+            Axis(MESH_DIMENSIONS[0], rows, rank // columns, DATA_SHARD),
+            Axis(MESH_DIMENSIONS[1], columns, rank % columns, TENSOR),
+        )
 
     @property
     def device_mesh(self) -> DeviceMesh:
@@ -154,11 +155,11 @@ class ModelParallelStrategy(ShardedStrategy):
             )
         return self._mesh
 
-    def attach(self, **kwargs: Any) -> None:
+    def attach(self, binding: Binding) -> None:
         """Take the resolver's decisions, then check the mesh sizes against the world they make (fail before
         launching, not in every process)."""
-        super().attach(**kwargs)
-        mesh_sizes(self._data_parallel_size, self._tensor_parallel_size, self.num_nodes, self.topology.processes_per_node)
+        super().attach(binding)
+        mesh_sizes(self._data_parallel_size, self._tensor_parallel_size, self.num_nodes, self.placement.processes_per_node)
 
     def setup_environment(self) -> None:
         """In every process: the process group, then the 2-D mesh over it."""

@@ -15,8 +15,7 @@ from typing import Any
 import torch
 from torch.nn import Module
 
-from fabric_core.precision.base import Precision, _DefaultDtype
-from fabric_core.precision.loss_scaling import LossScaling
+from fabric_core.precision import DefaultDtype, LossScaling, Precision
 
 _HALF = {"16": torch.float16, "bf16": torch.bfloat16}
 SUPPORTED = ("32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed")
@@ -94,13 +93,13 @@ class FSDPPrecision(LossScaling, Precision):
         return module
 
     def tensor_init_context(self) -> AbstractContextManager:
-        return _DefaultDtype(self._half) if self._true_half else nullcontext()
+        return DefaultDtype(self._half) if self._true_half else nullcontext()
 
     def module_init_context(self) -> AbstractContextManager:
-        return _DefaultDtype(self._half) if self._true_half else nullcontext()
+        return DefaultDtype(self._half) if self._true_half else nullcontext()
 
     def forward_context(self) -> AbstractContextManager:
-        return _DefaultDtype(self._half) if self._true_half else nullcontext()
+        return DefaultDtype(self._half) if self._true_half else nullcontext()
 
     # ---------------------------------------------------------------------------------------- loss scaling
     @property

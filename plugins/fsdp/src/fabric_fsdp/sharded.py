@@ -22,27 +22,23 @@ from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
 
-from fabric_core.io.format import CheckpointFormat, FormatContext
-from fabric_core.io.location import CheckpointLocation
-from fabric_core.io.state import Filter
-from fabric_core.strategies.base import BackwardSyncControl
-from fabric_core.strategies.parallel import ParallelStrategy
-from fabric_core.utilities.dtensor import clip_grad_norm
+from fabric_core.io import CheckpointFormat, CheckpointLocation, Filter, FormatContext
+from fabric_core.strategies import BackwardSyncControl, ParallelStrategy
+from fabric_core.utilities import clip_grad_norm
 from fabric_fsdp import checkpoint as fsdp_checkpoint
 from fabric_fsdp.sharding import is_fsdp, is_sharded
 
 if TYPE_CHECKING:
     from typing import Unpack
 
-    from fabric_core.io.background import CheckpointHandle
-    from fabric_core.io.checkpoint_io import CheckpointIO
-    from fabric_core.strategies.parallel import ParallelOptions
+    from fabric_core.io import CheckpointHandle, CheckpointIO
+    from fabric_core.strategies import ParallelOptions
 
 STATE_DICT_TYPES = ("sharded", "full")
 
 
 def _is_default_io(io: Any) -> bool:
-    from fabric_core.io.checkpoint_io import TorchCheckpointIO
+    from fabric_core.io import TorchCheckpointIO
 
     return io is None or type(io) is TorchCheckpointIO
 

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.nn import Module, Parameter
 from torch.optim import Optimizer
 
-from fabric_core.utilities.rank_zero import rank_zero_warn
+from fabric_core.utilities import rank_zero_warn
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -178,6 +178,14 @@ def is_dtensor(tensor: Any) -> bool:
     return isinstance(tensor, DTensor)
 
 
+def mesh_dimension_names(mesh: Any, dimensions: int) -> tuple[str, ...]:
+    """The names of a ``(shard,)`` or ``(replicate, shard)`` mesh's dimensions (a user's own mesh keeps its own)."""
+    names = getattr(mesh, "mesh_dim_names", None)
+    if names and len(names) == dimensions:
+        return tuple(names)
+    return ("shard",) if dimensions == 1 else ("replicate", "shard")
+
+
 def build_mesh(device_type: str, shape: tuple[int, ...], world_size: int) -> DeviceMesh:
     """A ``(shard,)`` or ``(replicate, shard)`` mesh over the default process group."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -187,8 +195,7 @@ def build_mesh(device_type: str, shape: tuple[int, ...], world_size: int) -> Dev
         size *= n
     if size != world_size:
         raise ValueError(f"The device mesh {shape} has {size} ranks, but the job has {world_size} processes.")
-    names = ("shard",) if len(shape) == 1 else ("replicate", "shard")
-    return init_device_mesh(device_type, shape, mesh_dim_names=names)
+    return init_device_mesh(device_type, shape, mesh_dim_names=mesh_dimension_names(None, len(shape)))
 
 
 def apply_activation_checkpointing(module: Module, select: Selector | None) -> list[Module]:

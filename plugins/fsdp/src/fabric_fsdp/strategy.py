@@ -17,10 +17,15 @@ import torch
 from torch.nn import Module
 from torch.optim import Optimizer
 
-from fabric_core.precision.base import Precision
-from fabric_core.strategies.base import require_precision_type
-from fabric_core.strategies.parallel import split_parallel_options
-from fabric_core.utilities.rank_zero import rank_zero_warn
+from fabric_core.precision import Precision
+from fabric_core.strategies import (
+    DATA_REPLICATE,
+    DATA_SHARD,
+    Axis,
+    require_precision_type,
+    split_parallel_options,
+)
+from fabric_core.utilities import rank_zero_warn
 from fabric_fsdp import arguments, sharding
 from fabric_fsdp.precision import FSDPPrecision
 from fabric_fsdp.sharded import ShardedStrategy
@@ -29,15 +34,14 @@ from fabric_fsdp.sharding import DEFAULT_WRAP_CLASSES, ModulePolicy, is_fsdp
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-    from fabric_core.accelerators.base import Accelerator
+    from fabric_core.accelerators import Accelerator
 
 __all__ = ["DEFAULT_WRAP_CLASSES", "FSDPStrategy"]
 
 def _check_precision(precision: Precision | None) -> None:
     """FSDP casts through its sharding policy: an autocast or half-precision plugin of another strategy would
     fight it. The core's 32-true and 64-true precisions are fine (FSDP2 shards the model as they leave it)."""
-    from fabric_core.precision.double import DoublePrecision
-    from fabric_core.precision.full import FullPrecision
+    from fabric_core.precision import DoublePrecision, FullPrecision
     from fabric_fsdp.precision import SUPPORTED
 
     require_precision_type(
@@ -157,15 +161,17 @@ class FSDPStrategy(ShardedStrategy):
         return FSDPPrecision(precision) if precision in SUPPORTED else None
 
     # ---------------------------------------------------------------------------------------- topology
-    @property
-    def data_parallel_rank(self) -> int:
-        """Every rank holds a data-parallel shard (or replica, across the nodes of a hybrid mesh) of the model: its
-        own batches."""
-        return self.global_rank
-
-    @property
-    def data_parallel_size(self) -> int:
-        return self.world_size
+    def parallel_axes(self) -> tuple[Axis, ...]:
+        """The mesh's dimensions: ``shard`` (every rank a data-parallel shard of the model, its own batches), and
+        ``replicate`` before it on a hybrid mesh (replicas of the sharded model across the nodes)."""
+        shape = self.mesh_shape
+        names = sharding.mesh_dimension_names(self._device_mesh_arg, len(shape))
+        roles = (DATA_SHARD,) if len(shape) == 1 else (DATA_REPLICATE, DATA_SHARD)
+        coordinates, rest = [], self.global_rank
+        for size in reversed(shape):
+            coordinates.insert(0, rest % size)
+            rest //= size
+        return tuple(Axis(n, s, c, r) for n, s, c, r in zip(names, shape, coordinates, roles))
 
     @property
     def mesh_shape(self) -> tuple[int, ...]:
@@ -194,7 +200,7 @@ class FSDPStrategy(ShardedStrategy):
 
         if isinstance(self._device_mesh_arg, DeviceMesh):
             return self._device_mesh_arg
-        if not self._ready():
+        if not self.process_group_ready():
             raise RuntimeError(
                 "The FSDP strategy needs the processes to be launched before a model is set up: call"
                 " `fabric.launch()` first (or start the script with `fabric run`)."

@@ -22,15 +22,13 @@ import torch
 from torch.nn import Module
 from torch.optim import Optimizer
 
-from fabric_core.strategies.single_device import SingleDeviceStrategy
-from fabric_core.utilities import rank_zero
+from fabric_core.strategies import DATA_REPLICATE, Axis, Binding, SingleDeviceStrategy
+from fabric_core.utilities import fabric_log
 
 if TYPE_CHECKING:
-    from fabric_core.accelerators.base import Accelerator
-    from fabric_core.environments.base import ClusterEnvironment
-    from fabric_core.io.checkpoint_io import CheckpointIO
-    from fabric_core.io.format import FindReader
-    from fabric_core.precision.base import Precision
+    from fabric_core.accelerators import Accelerator
+    from fabric_core.io import CheckpointIO
+    from fabric_core.precision import Precision
 
 #: torchft's own variable for the lighthouse address (``http://host:port``), also read by its Manager.
 LIGHTHOUSE_VARIABLE = "TORCHFT_LIGHTHOUSE"
@@ -172,16 +170,8 @@ class FTDDPStrategy(SingleDeviceStrategy):
                 f"{self.replica_group} with num_replica_groups={self.num_replica_groups}."
             )
 
-    def attach(
-        self,
-        *,
-        accelerator: Accelerator,
-        devices: list[torch.device],
-        num_nodes: int,
-        cluster_environment: ClusterEnvironment | None,
-        checkpoint_io: CheckpointIO | None,
-        find_checkpoint_reader: FindReader | None = None,
-    ) -> None:
+    def attach(self, binding: Binding) -> None:
+        num_nodes, devices = binding.num_nodes, binding.devices
         if num_nodes > 1:
             raise ValueError(
                 "`strategy='ft_ddp'` runs one process per replica group, and `num_nodes` is per group. Start one job"
@@ -192,14 +182,7 @@ class FTDDPStrategy(SingleDeviceStrategy):
                 f"`strategy='ft_ddp'` runs one process per replica group, but `devices` selects {len(devices)}. Use"
                 f" `devices=1` and start {len(devices)} replica groups (one job each) to use {len(devices)} devices."
             )
-        super().attach(
-            accelerator=accelerator,
-            devices=devices,
-            num_nodes=num_nodes,
-            cluster_environment=cluster_environment,
-            checkpoint_io=checkpoint_io,
-            find_checkpoint_reader=find_checkpoint_reader,
-        )
+        super().attach(binding)
         self._check_configuration()
 
     # ---------------------------------------------------------------------------------------- lifecycle
@@ -242,7 +225,7 @@ class FTDDPStrategy(SingleDeviceStrategy):
             replica_id=f"fabric_ft_{self.replica_group}",
             hostname=self.hostname,
         )
-        rank_zero.log.info(
+        fabric_log.info(
             f"fabric-ft: replica group {self.replica_group} of {self.num_replica_groups} registered with the"
             f" lighthouse {self.lighthouse}"
         )
@@ -261,21 +244,25 @@ class FTDDPStrategy(SingleDeviceStrategy):
         return self._start_manager()
 
     # ---------------------------------------------------------------------------------------- ranks and data
-    @property
-    def is_global_zero(self) -> bool:
-        """The first replica group of the current quorum (before the first quorum: group 0): it logs and writes
-        the checkpoints of ``fabric.save``, so they go on when group 0 is down."""
-        if self._quorum_rank is _NO_QUORUM_YET:
-            return self.replica_group == 0
-        return self._quorum_rank == 0
+    def parallel_axes(self) -> tuple[Axis, ...]:
+        """One fault-tolerant axis, ``replica_group``: ``num_replica_groups`` groups, this one ``replica_group``;
+        live, the groups of the last step's quorum and this group's rank in it (before the first quorum: every
+        group; while this group heals: not taking part).
 
-    @property
-    def distributed_sampler_kwargs(self) -> dict[str, Any] | None:
-        """Each replica group reads its own fixed share of the data (see plugins/ft/README.md for what a failure
-        does to the shares)."""
-        if not self.num_replica_groups or self.num_replica_groups == 1:
-            return None
-        return {"num_replicas": self.num_replica_groups, "rank": self.replica_group}
+        The one answer to "which replica am I": the sampler's fixed share is the configured coordinate (see
+        plugins/ft/README.md for what a failure does to the shares), and ``is_global_zero`` (who logs and writes
+        the checkpoints of ``fabric.save``) is the first group of the current quorum, so they go on when group 0 is
+        down.
+        """
+        if self.num_replica_groups is None or self.replica_group is None:
+            return ()
+        if self._quorum_rank is _NO_QUORUM_YET:
+            live: dict[str, Any] = {}
+        else:
+            live = {"live_size": self._participants, "live_coordinate": self._quorum_rank}
+        return (
+            Axis("replica_group", self.num_replica_groups, self.replica_group, DATA_REPLICATE, fault_tolerant=True, **live),
+        )
 
     # ---------------------------------------------------------------------------------------- setup
     def setup_module(self, module: Module) -> Module:
@@ -304,7 +291,7 @@ class FTDDPStrategy(SingleDeviceStrategy):
         self._quorum_rank = self.manager.participating_rank()
         participants = self.manager.num_participants()
         if participants != self._participants:
-            rank_zero.log.info(
+            fabric_log.info(
                 f"fabric-ft: replica group {self.replica_group}: {participants} replica group(s) in the quorum at"
                 f" step {self.manager.current_step()}"
             )

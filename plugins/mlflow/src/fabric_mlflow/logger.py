@@ -20,7 +20,7 @@ from typing import Any
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from fabric_core.loggers.base import (
+from fabric_core.loggers import (
     CheckpointUploads,
     Logger,
     add_prefix,
@@ -29,7 +29,7 @@ from fabric_core.loggers.base import (
     params_to_dict,
     rank_zero_experiment,
 )
-from fabric_core.utilities.rank_zero import rank_zero_only, rank_zero_warn
+from fabric_core.utilities import rank_zero_only, rank_zero_warn
 
 # MLflow's limits per log_batch call and per parameter value (mlflow.utils.validation).
 _MAX_METRICS_PER_BATCH = 1000

@@ -12,8 +12,8 @@ import os
 import sys
 from typing import Any, ClassVar
 
-from fabric_core.environments.base import ClusterEnvironment, env_int
-from fabric_core.utilities.rank_zero import set_rank
+from fabric_core.environments import ClusterEnvironment, env_int
+from fabric_core.utilities import set_rank
 
 
 def train_context() -> Any | None:

@@ -40,8 +40,16 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from fabric_core.launchers.base import Launcher, ScriptRequest
-from fabric_core.runtime import failures
+from fabric_core.launchers import (
+    ERROR_FILE_VARIABLE,
+    Launcher,
+    RankFailure,
+    RecordedError,
+    ScriptRequest,
+    job_exit_code,
+    read_error_file,
+    report_failures,
+)
 
 #: Seconds a TCP connection to the cluster's address may take before the cluster counts as unreachable.
 CONNECT_TIMEOUT_S = 5.0
@@ -458,7 +466,7 @@ class _Job:
                 try:
                     lines, ended = ray.get(ref, timeout=120)
                 except Exception as err:  # the actor (its node) died, or the cluster went away
-                    lines, ended = [], (1, failures.RecordedError(f"the Ray worker died: {type(err).__name__}", str(err), time.time_ns()), False)
+                    lines, ended = [], (1, RecordedError(f"the Ray worker died: {type(err).__name__}", str(err), time.time_ns()), False)
                 for stream, line in lines:
                     target = sys.stderr if stream == 2 else sys.stdout
                     target.write(f"[rank {rank.rank}] {line}")
@@ -476,15 +484,15 @@ class _Job:
         found = []
         for rank in self.ranks:
             code, error, _stopped = rank.exit  # type: ignore[misc]
-            if code != 0:  # those the driver stopped (SIGTERM, no error) are listed last by failures.report
+            if code != 0:  # those the driver stopped (SIGTERM, no error) are listed last by report_failures
                 label = f"Rank {rank.rank} (node rank {rank.node}, local rank {rank.local})"
-                found.append(failures.RankFailure(label, rank.pid, code, error))
+                found.append(RankFailure(label, rank.pid, code, error))
         self._kill_actors()
         if not found:
             return 0
-        sys.stderr.write(failures.report(found))
+        sys.stderr.write(report_failures(found))
         sys.stderr.flush()
-        return failures.job_exit_code(found)
+        return job_exit_code(found)
 
     def _stop_all(self) -> None:
         for rank in self.ranks:
@@ -545,7 +553,7 @@ class _Worker:
         import tempfile
 
         self._error_file = os.path.join(tempfile.mkdtemp(prefix="fabric-ray-"), "error.json")
-        environ = {**os.environ, **env, failures.ERROR_FILE_VARIABLE: self._error_file, "PYTHONUNBUFFERED": "1"}
+        environ = {**os.environ, **env, ERROR_FILE_VARIABLE: self._error_file, "PYTHONUNBUFFERED": "1"}
         self._process = subprocess.Popen(
             [sys.executable, *command],
             env=environ,
@@ -581,7 +589,7 @@ class _Worker:
         if not done:
             return lines, None
         exit_code = code if code >= 0 else 128 - code
-        return lines, (exit_code, failures.read_error_file(self._error_file), self._stopped)
+        return lines, (exit_code, read_error_file(self._error_file), self._stopped)
 
     def stop(self, grace: float) -> None:
         """SIGTERM to the child's session, SIGKILL after ``grace`` seconds."""
@@ -610,7 +618,7 @@ class _FunctionWorker:
     free_port = _Worker.free_port
 
     def run(self, payload: tuple, env: dict[str, str], local_rank: int) -> Any:
-        from fabric_core.runtime.process_group import release_process_group
+        from fabric_core.strategies import release_process_group
 
         strategy, function, args, kwargs = payload
         os.environ.update(env)

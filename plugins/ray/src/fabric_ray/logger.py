@@ -31,8 +31,8 @@ from typing import Any
 
 import ray.train
 
-from fabric_core.loggers.base import Logger, add_prefix
-from fabric_core.utilities.rank_zero import get_rank, rank_zero_warn
+from fabric_core.loggers import Logger, add_prefix
+from fabric_core.utilities import get_rank, rank_zero_warn
 
 #: The file beside a checkpoint in Ray's storage that says where ``fabric.save`` wrote it.
 METADATA = "fabric_checkpoint.json"
@@ -129,8 +129,7 @@ class RayTrainLogger(Logger):
     def checkpoint_saved(self, path: str) -> None:
         if not self._report_checkpoints:
             return
-        from fabric_core.io import background
-        from fabric_core.io.location import CheckpointLocation
+        from fabric_core.io import CheckpointLocation, wait_for_save
 
         location = CheckpointLocation.of(path)
         if location.is_url:
@@ -139,7 +138,7 @@ class RayTrainLogger(Logger):
                 " local path (Ray copies it into `RunConfig(storage_path=...)`, which may itself be a URL)."
             )
             return
-        background.wait(location)  # an asynchronous save is complete before Ray copies it
+        wait_for_save(location)  # an asynchronous save is complete before Ray copies it
         # the location's own local path: `path` may be spelled `file:///...`, which `Path(path)` would misread
         source = location.path.absolute()
         # Every worker reports (Ray Train counts reports per worker); rank 0, which has the whole checkpoint (a

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import wandb
 
-from fabric_core.loggers.base import (
+from fabric_core.loggers import (
     CheckpointUploads,
     Logger,
     add_prefix,
@@ -22,7 +22,7 @@ from fabric_core.loggers.base import (
     params_to_dict,
     rank_zero_experiment,
 )
-from fabric_core.utilities.rank_zero import rank_zero_only, rank_zero_warn
+from fabric_core.utilities import rank_zero_only, rank_zero_warn
 
 if TYPE_CHECKING:
     from torch import nn

@@ -10,8 +10,7 @@ from typing import Any
 
 import torch
 
-from fabric_core.accelerators.base import Accelerator, as_device_index
-from fabric_core.accelerators.cuda import DEVICE_IDS_TYPE_MESSAGE
+from fabric_core.accelerators import DEVICE_IDS_TYPE_MESSAGE, Accelerator, as_device_index
 from fabric_xla import detect
 
 

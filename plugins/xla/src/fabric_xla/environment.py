@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import ClassVar
 
-from fabric_core.environments.base import ClusterEnvironment
+from fabric_core.environments import ClusterEnvironment
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fabric_core.launchers.base import Launcher
-from fabric_core.utilities.apply import move_data_to_device
+from fabric_core.launchers import Launcher
+from fabric_core.utilities import move_data_to_device
 
 if TYPE_CHECKING:
     from fabric_xla.strategy import XLAStrategy

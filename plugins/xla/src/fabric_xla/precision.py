@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 from torch.nn import Module
 
-from fabric_core.precision.base import Precision, _DefaultDtype
+from fabric_core.precision import DefaultDtype, Precision
 
 SUPPORTED = ("32-true", "16-true", "bf16-true", "bf16-mixed")
 #: Spellings that reach the XLA strategies when fabric-amp (which registers them as aliases) is not installed.
@@ -56,7 +56,7 @@ class XLAPrecision(Precision):
         return module
 
     def tensor_init_context(self) -> AbstractContextManager:
-        return _DefaultDtype(self._true_dtype) if self._true_dtype is not None else nullcontext()
+        return DefaultDtype(self._true_dtype) if self._true_dtype is not None else nullcontext()
 
     def module_init_context(self) -> AbstractContextManager:
         return self.tensor_init_context()

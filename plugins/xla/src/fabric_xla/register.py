@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 from fabric_core.plugins import hookimpl
 
 if TYPE_CHECKING:
-    from fabric_core.accelerators.base import Accelerator
+    from fabric_core.accelerators import Accelerator
     from fabric_core.plugins import Registrar, Registry
-    from fabric_core.strategies.base import Strategy
+    from fabric_core.strategies import Strategy
 
 DISTRIBUTION = "fabric-xla"
 _STRATEGIES = "fabric_xla.strategy:"

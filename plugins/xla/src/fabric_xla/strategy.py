@@ -29,21 +29,31 @@ from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
 
-from fabric_core.io.format import FormatContext
-from fabric_core.strategies.base import BackwardSyncControl, NothingToSync, Strategy, check_reduce_op
-from fabric_core.strategies.collectives import Collectives, OneProcessCollectives, check_broadcast_src
-from fabric_core.strategies.layout import ProcessPerDevice
-from fabric_core.strategies.single_device import SingleDeviceStrategy
+from fabric_core.io import FormatContext
+from fabric_core.strategies import (
+    DATA_SHARD,
+    Axis,
+    BackwardSyncControl,
+    Binding,
+    Collectives,
+    NothingToSync,
+    OneProcessCollectives,
+    ProcessPerDevice,
+    SingleDeviceStrategy,
+    Strategy,
+    check_broadcast_src,
+    check_reduce_op,
+)
 from fabric_xla import runtime
 from fabric_xla.environment import XLAEnvironment
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from fabric_core.accelerators.base import Accelerator
-    from fabric_core.environments.base import ClusterEnvironment
-    from fabric_core.io.checkpoint_io import CheckpointIO
-    from fabric_core.precision.base import Precision
+    from fabric_core.accelerators import Accelerator
+    from fabric_core.environments import ClusterEnvironment
+    from fabric_core.io import CheckpointIO
+    from fabric_core.precision import Precision
 
 __all__ = ["SingleDeviceXLAStrategy", "XLAFSDPStrategy", "XLAStrategy"]
 
@@ -175,14 +185,15 @@ class SingleDeviceXLAStrategy(_XLAMixin, SingleDeviceStrategy):
     backward that would break later XLA backwards (pytorch/xla#4174).
     """
 
-    def attach(self, *, accelerator: Accelerator, devices: list[torch.device], **kwargs: Any) -> None:
+    def attach(self, binding: Binding) -> None:
+        accelerator, devices = binding.accelerator, binding.devices
         if len(devices) > 1:
             raise ValueError(
                 f"The `SingleDeviceXLAStrategy` runs one process on one device, but `devices` selects {len(devices)}."
                 " Use `strategy='xla'` (one replica per device) or `strategy='xla_fsdp'` (SPMD sharding), or"
                 " `devices=1`."
             )
-        super().attach(accelerator=accelerator, devices=devices, **kwargs)
+        super().attach(binding)
         check_xla_accelerator(self, accelerator)
         if self._device is None or self._device.type != "xla":
             self._device = torch.device("xla", 0)
@@ -281,10 +292,10 @@ class XLAStrategy(_XLAMixin, XLACollectives, ProcessPerDevice):
         self._device: torch.device | None = None
         self._reduced: set[int] = set()
 
-    def attach(self, *, accelerator: Accelerator, devices: list[torch.device], **kwargs: Any) -> None:
+    def attach(self, binding: Binding) -> None:
         # The replicas' ranks are the runtime's; a detected torchrun/SLURM environment does not describe them.
-        super().attach(accelerator=accelerator, devices=devices, **{**kwargs, "cluster_environment": None})
-        check_xla_accelerator(self, accelerator)
+        super().attach(dataclasses.replace(binding, cluster_environment=None))
+        check_xla_accelerator(self, binding.accelerator)
 
     # ---------------------------------------------------------------------------------------- topology
     @property
@@ -381,11 +392,11 @@ class XLAFSDPStrategy(_XLAMixin, OneProcessCollectives, Strategy):
         self._device: torch.device | None = None
         self._mesh: Any = None
 
-    def attach(self, *, accelerator: Accelerator, devices: list[torch.device], **kwargs: Any) -> None:
-        super().attach(accelerator=accelerator, devices=devices, **kwargs)
-        check_xla_accelerator(self, accelerator)
+    def attach(self, binding: Binding) -> None:
+        super().attach(binding)
+        check_xla_accelerator(self, binding.accelerator)
         if self.parallel_devices is None:
-            self.parallel_devices = list(devices)
+            self.parallel_devices = list(binding.devices)
         self._device = runtime.initialize(spmd=True)
         total = runtime.global_device_count()
         local = len(self.parallel_devices)
@@ -435,6 +446,12 @@ class XLAFSDPStrategy(_XLAMixin, OneProcessCollectives, Strategy):
     @property
     def world_size(self) -> int:
         return self._process_count()
+
+    def parallel_axes(self) -> tuple[Axis, ...]:
+        """One process per host, each holding a shard: a ``data_shard`` axis over the hosts (none with one host;
+        the devices of a host are SPMD's, inside the process)."""
+        processes = self._process_count()
+        return (Axis("data_shard", processes, self.global_rank, DATA_SHARD),) if processes > 1 else ()
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, Any] | None:

@@ -1,4 +1,4 @@
-from fabric_core.strategies.single_device import SingleDeviceStrategy
+from fabric_core.strategies import SingleDeviceStrategy
 
 
 class StrategyA(SingleDeviceStrategy):

@@ -9,8 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fabric_core.io.commit import check_replaceable, commit_directory, save_file
-from fabric_core.io.format import CheckpointFormat
+from fabric_core.io import CheckpointFormat, check_replaceable, commit_directory, save_file
 from fabric_keyed_format.register import MARKER, is_keyed_folder
 
 

@@ -1,1 +1,0 @@
-"""A third-party plugin written against the import paths of fabric-core before the plugin host moved."""
