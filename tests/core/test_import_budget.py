@@ -47,7 +47,6 @@ UNUSED_HERE = (
     "fabric_core.strategies.layout",
     "fabric_core.strategies.parallel",
     "fabric_core.utilities.dtensor",
-    "fabric_core.utilities.topology",
 )
 
 
