@@ -299,7 +299,10 @@ class _ChildGroup:
         # Rank 0 failing in a collective is often the *consequence* of another rank dying (its connections close):
         # name the rank that failed first, quote its own error and exit with its code, as torchrun does, instead of
         # ending on rank 0's gloo traceback.
-        failed = self._failed_children(wait=1.0) if not issubclass(exc_type, KeyboardInterrupt) else []
+        # A child that died can take seconds to be reaped on a loaded machine (seen: over 1 s at load 12, when rank
+        # 0 then reported only its own gloo error and exited 1): wait a few for it; a rank 0 that failed on its own,
+        # with healthy children, pays this once, on its way out.
+        failed = self._failed_children(wait=3.0) if not issubclass(exc_type, KeyboardInterrupt) else []
         if failed and sys.__stderr__ is not None:
             # This hook ends the process below; a hook installed after ours (torch's init_process_group wraps it to
             # prefix "[rankN]") may have pointed sys.stderr at a buffer it would only print after we return.
