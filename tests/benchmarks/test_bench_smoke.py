@@ -155,6 +155,7 @@ def _run_tiny(name: str, tmp: Path) -> tuple[dict[str, Any], str]:
     ],
 )
 def test_section_tiny_run(name: str, tmp_path: Path) -> None:
+    # multiprocess-check: starts ranks (the ddp and fsdp sections run 2 ranks)
     section = SECTIONS[name]
     results, md = _run_tiny(name, tmp_path)
 

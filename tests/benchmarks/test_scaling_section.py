@@ -19,15 +19,15 @@ if str(REPO) not in sys.path:
 
 from benchmarks.section import RenderContext, by_name  # noqa: E402
 
-pytestmark = pytest.mark.multiprocess
-
 
 def _positive(s: dict) -> bool:
     return s["n"] == 1 and all(math.isfinite(v) and v > 0 for v in s["values"])
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(1800)  # 12 fresh jobs; minutes on a loaded 2-core machine
 def test_scaling_quick_mode_at_one_and_two_ranks(tmp_path: Path) -> None:
+    # multiprocess-check: starts ranks (the scaling section runs 1 and 2 ranks)
     section = by_name("scaling")
     reason = section.unavailable()
     if reason:

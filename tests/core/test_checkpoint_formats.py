@@ -115,6 +115,7 @@ def _check(rows: list[dict], single: dict) -> None:
     assert single["weight"] == rows[0]["weight"] and single["remainder"] == ["optimizer", "step"]
 
 
+@pytest.mark.multiprocess
 def test_the_documented_sharded_format_saves_and_loads_on_two_ranks(tmp_path):
     target = tmp_path / "ckpts" / "step-7"
     rows, single = _run(tmp_path, str(target))
@@ -123,6 +124,7 @@ def test_the_documented_sharded_format_saves_and_loads_on_two_ranks(tmp_path):
     assert [p.name for p in target.parent.iterdir()] == ["step-7"]  # nothing hidden left beside it
 
 
+@pytest.mark.multiprocess
 def test_the_documented_sharded_format_at_an_s3_url(tmp_path, monkeypatch):
     pytest.importorskip("s3fs")
     pytest.importorskip("moto")
@@ -189,6 +191,7 @@ FAILING_WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.multiprocess
 def test_a_rank_whose_write_fails_raises_its_own_error_and_the_others_name_it(tmp_path):
     """publish_together after rank 1's part failed: rank 1 raises its own OSError (traceback down to the write),
     rank 0 a CheckpointSaveError that says rank 1 failed and why; nothing is published, nothing staged is left."""

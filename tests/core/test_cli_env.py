@@ -105,6 +105,7 @@ def test_variables_that_are_set_are_listed_and_secrets_hidden():
 
 
 def test_the_cluster_environment_that_would_be_detected_is_reported():
+    # multiprocess-check: single process (`fabric env` reads the variables; nothing starts)
     assert _json()["fabric"]["cluster_environment"]["name"] == "plain"
     under_torchrun = _json(
         TORCHELASTIC_RUN_ID="job", WORLD_SIZE="4", RANK="3", LOCAL_RANK="1", GROUP_RANK="1", MASTER_ADDR="10.0.0.1",

@@ -14,6 +14,7 @@ from fabric_core.collectives import Collective, SingleDeviceCollective, TorchCol
 SCRIPT = Path(__file__).parent / "scripts" / "collectives_job.py"
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("world", [2, 3])
 def test_groups_point_to_point_and_the_decoupled_pattern(tmp_path, world):
     pytest.importorskip("fabric_ddp", reason="the trainers train with fabric-ddp (not installed in the XLA lane)")

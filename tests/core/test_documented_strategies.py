@@ -53,6 +53,7 @@ PARALLEL_EXAMPLE = textwrap.dedent(
 )
 
 
+@pytest.mark.multiprocess
 def test_documented_parallel_strategy_example_runs_two_processes(tmp_path):
     """docs/plugins.md's ParallelStrategy example: two real processes, gradients averaged by DDP."""
     import os

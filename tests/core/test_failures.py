@@ -33,6 +33,7 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_an_uncaught_exception_is_recorded_and_still_printed(tmp_path: Path):
+    # multiprocess-check: single process (one process records its own error)
     path = tmp_path / "rank1.json"
     done = _python(RAISE, **{failures.ERROR_FILE_VARIABLE: str(path)})
     assert done.returncode == 1
@@ -47,6 +48,7 @@ def test_an_uncaught_exception_is_recorded_and_still_printed(tmp_path: Path):
 
 
 def test_torchruns_variable_is_used_when_ours_is_not_set(tmp_path: Path):
+    # multiprocess-check: single process (one process records its own error)
     path = tmp_path / "error.json"
     assert _python(RAISE, **{failures.TORCHELASTIC_ERROR_FILE: str(path)}).returncode == 1
     assert failures.read_error_file(str(path)).message == "ValueError: boom in rank 1"
@@ -106,6 +108,7 @@ def test_the_job_exits_with_the_first_failures_code():
     assert failures.job_exit_code([]) == 1
 
 
+@pytest.mark.multiprocess
 def test_a_barrier_whose_peer_left_names_the_rank_and_where_this_one_waited(tmp_path):
     """Not gloo's "Connection closed by peer" ten frames deep: who left, and the user's line that waited."""
     pytest.importorskip("fabric_ddp", reason="needs fabric-ddp (the XLA lane installs only fabric-core and fabric-xla)")

@@ -35,6 +35,7 @@ def _logged(log_dir: str) -> list[dict]:
 @needs_lightning
 @pytest.mark.parametrize("method", ["setup", "setup_module"])
 def test_a_lightning_module_logs_and_hooks_through_fabric(tmp_path, method):
+    # multiprocess-check: single process (devices=1)
     (seen,) = _run(tmp_path, "auto", 1, method)
     assert seen["fabric_is_ours"] and seen["trainer_rank"] == 0
     assert seen["optimizers_is_wrapped"], "setup() hands the wrapped optimizers; setup_module() none (as the reference)"
@@ -46,6 +47,7 @@ def test_a_lightning_module_logs_and_hooks_through_fabric(tmp_path, method):
     assert len([r for r in rows if r.get("twice")]) == 3
 
 
+@pytest.mark.multiprocess
 @needs_lightning
 def test_a_lightning_module_under_ddp_on_two_processes(tmp_path):
     seen = _run(tmp_path, "ddp", 2, "setup")

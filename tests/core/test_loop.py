@@ -150,6 +150,7 @@ def test_ema_state_of_another_model_is_refused():
         ema.load_state_dict(state)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed_stage_2"])
 def test_accumulate_ema_and_profile_on_two_processes(tmp_path, strategy):
     plugin = {"ddp": "fabric_ddp", "fsdp": "fabric_fsdp", "deepspeed_stage_2": "fabric_deepspeed"}[strategy]

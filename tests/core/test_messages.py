@@ -83,6 +83,7 @@ def test_disable_possible_user_warnings():
     assert [str(w.message) for w in caught] == ["kept"]
 
 
+@pytest.mark.multiprocess
 def test_distributed_start_is_announced(tmp_path):
     pytest.importorskip("fabric_ddp")
     import os

@@ -138,6 +138,7 @@ def test_a_checkpoint_with_python_objects_still_gets_the_trusted_source_advice(t
         TorchCheckpointIO().load_checkpoint(path)
 
 
+@pytest.mark.multiprocess
 def test_spawn_without_a_main_guard_says_so(tmp_path):
     pytest.importorskip("fabric_ddp")
     import subprocess

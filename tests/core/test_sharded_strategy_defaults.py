@@ -54,6 +54,7 @@ def test_a_tensor_parallel_strategy_trains_right_with_the_core_defaults(tmp_path
 
 def test_launcher_message_names_the_strategy_in_use(tmp_path: Path) -> None:
     """Under ``python -c`` there is no script to re-run: the error names the third party's strategy, not ``ddp``."""
+    # multiprocess-check: single process (launch() is refused under `python -c`)
     code = textwrap.dedent(
         f"""
         import sys

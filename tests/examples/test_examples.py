@@ -145,6 +145,7 @@ def check_demo_run(output: str, out_dir: Path, world_size: int) -> None:
 
 
 def test_demo_single_process(tmp_path: Path) -> None:
+    # multiprocess-check: single process (devices=1)
     out_dir = tmp_path / "out"
     cmd = [sys.executable, str(DEMO), *DEMO_TINY, "--devices", "1", "--strategy", "auto"]
     output = run_example([*cmd, "--out-dir", str(out_dir)], cwd=tmp_path)
@@ -192,6 +193,7 @@ def check_digits_run(output: str, world_size: int) -> tuple[float, float, Path]:
 
 def test_digits_fabric_single_process_matches_plain_pytorch(tmp_path: Path) -> None:
     """On one CPU process the conversion changes nothing: same seed, same data order, same numbers."""
+    # multiprocess-check: single process (devices=1)
     args = ["--epochs", "1", "--log-interval", "5"]
     plain = run_example([sys.executable, str(DIGITS_PLAIN), *args, "--out-dir", "plain"], cwd=tmp_path)
     cmd = [sys.executable, str(DIGITS_FABRIC), *args, "--accelerator", "cpu"]

@@ -108,6 +108,7 @@ def _run(kind, target, world_size, tmp_path):
         assert row["loaded_step"] == 2 and row["threads"] == [], (rank, row)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("kind", list(CASES))
 def test_the_checkpoint_is_at_path_when_save_returns_on_every_rank(kind, tmp_path):
     _plugin_of(kind)
@@ -135,6 +136,7 @@ def s3_bucket(monkeypatch, request):
         server.stop()
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("kind", list(CASES))
 def test_every_strategy_saves_to_and_loads_from_an_s3_bucket(kind, tmp_path, s3_bucket):
     """The same contract at an S3 URL (a real S3-compatible server on loopback): what lands is in the bucket."""
@@ -152,6 +154,7 @@ def test_every_strategy_saves_to_and_loads_from_an_s3_bucket(kind, tmp_path, s3_
     assert not any(p.name.startswith("s3:") for p in tmp_path.iterdir())  # no local folder named after the URL
 
 
+@pytest.mark.multiprocess
 def test_deepspeed_saves_to_and_loads_from_memory_urls(tmp_path):
     """fsspec's in-process store, with one process (``memory://`` is not shared between processes)."""
     _plugin_of("deepspeed")

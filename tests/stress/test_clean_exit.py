@@ -15,6 +15,7 @@ pytestmark = pytest.mark.multiprocess
 @pytest.mark.parametrize("mode", ["script", "function", "spawn", "fsdp"])
 @pytest.mark.parametrize("attempt", [1, 2])
 def test_a_successful_two_process_job_exits_zero(mode, attempt):
+    # multiprocess-check: starts ranks (2-process jobs)
     pytest.importorskip("fabric_ddp")
     if mode == "fsdp":
         pytest.importorskip("fabric_fsdp")

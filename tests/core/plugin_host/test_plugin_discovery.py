@@ -404,6 +404,7 @@ if fabric.is_global_zero:
 '''
 
 
+@pytest.mark.multiprocess
 def test_hook_fabric_register_checkpoint_formats_installed_format_used_by_a_strategy_it_does_not_own(plugin_sites, tmp_path):
     """fabric-keyed-format registers a checkpoint format and no strategy. Really pip-installed, it is written by
     DDP (two processes, the core's folder commit) and loaded back by ``fabric.load`` without naming it; then

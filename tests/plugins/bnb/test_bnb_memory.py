@@ -87,7 +87,6 @@ def _measure(tmp_path: Path, precision: str) -> dict:
     return next(json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT "))
 
 
-@pytest.mark.multiprocess
 @pytest.mark.parametrize(("precision", "layer", "most"), [("bnb-nf4", "NF4Linear", 0.45), ("bnb-int8", "Int8InferenceLinear", 0.7)])
 def test_empty_init_and_load_cost_a_quantized_layer_per_layer(tmp_path, precision, layer, most):
     result = _measure(tmp_path, precision)
@@ -97,7 +96,6 @@ def test_empty_init_and_load_cost_a_quantized_layer_per_layer(tmp_path, precisio
     assert result["close"] < 0.2, result  # the loaded checkpoint, quantized: close to the bfloat16 model's output
 
 
-@pytest.mark.multiprocess
 def test_the_measurement_sees_a_full_precision_model(tmp_path):
     """The same measurement with `bf16-true`: loading materialises every bfloat16 weight, 1 layer per layer."""
     result = _measure(tmp_path, "bf16-true")

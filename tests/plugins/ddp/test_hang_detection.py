@@ -11,7 +11,7 @@ from jobs import fabric_command, free_port, job_env, run_job
 
 from fabric_core.runtime import hang
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.skipif(sys.platform != "linux", reason="uses /proc")]
+pytestmark = [pytest.mark.skipif(sys.platform != "linux", reason="uses /proc")]
 
 HANG = Path(__file__).parent / "scripts" / "hang.py"
 STUCK_LINE = next(i for i, line in enumerate(HANG.read_text().splitlines(), 1) if line.strip() == "time.sleep(600)  # STUCK HERE")
@@ -32,6 +32,7 @@ def _run(tmp_path: Path, launcher: str, stuck: int) -> tuple[int, str]:
     return code, job.output()
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(
     ("launcher", "stuck"), [("script", 1), ("script", 0), ("spawn", 1), ("cli", 1)], ids=["launch-child", "launch-rank0", "spawn", "fabric-run"]
 )
@@ -49,6 +50,7 @@ def test_a_stuck_rank_ends_the_job_named_with_its_line_and_stack(tmp_path: Path,
     assert f"HangError: Rank {stuck} made no progress" in last_lines, last_lines
 
 
+@pytest.mark.multiprocess
 def test_a_job_that_makes_progress_is_not_stopped(tmp_path: Path):
     code, output = _run(tmp_path, "script", -1)
     assert code == 0, output[-4000:]

@@ -31,6 +31,7 @@ def _run_pods(tmp_path: Path, command: list, pod_env) -> list[dict]:
 
 def test_fabric_run_in_kubeflow_trainer_v2_pods(tmp_path: Path):
     """`fabric run script.py` with no options in two TrainJob pods: nodes, ranks and rendezvous from PET_*."""
+    # multiprocess-check: starts ranks (two pods' `fabric run`, one world of 2)
     port = str(free_port())
 
     def pod_env(node: int) -> dict[str, str]:

@@ -159,6 +159,7 @@ def test_tied_weights_split_across_units_are_found() -> None:
     assert tied_across_units(model, [model[1]]) == []  # both users in the root: one owner
 
 
+@pytest.mark.multiprocess
 def test_tied_weights_split_by_the_wrap_policy_warn_on_two_ranks(tmp_path: Path) -> None:
     run_ranks(SCRIPTS / "tied_weights.py", str(tmp_path), timeout=240, tmp_path=tmp_path)
     seen = read_json(tmp_path / "tied.json")
@@ -424,6 +425,7 @@ def test_arguments_on_two_ranks(tmp_path: Path) -> None:
     assert "Loading checkpoints with FSDP is limited to a single model" in r["two_models_load"]
 
 
+@pytest.mark.multiprocess
 def test_blocks_compiled_in_place_are_sharded_and_checkpointed_per_block(tmp_path: Path) -> None:
     """``fabric_core.loop.compile.compile_blocks`` before FSDP2 with activation checkpointing trains as eager does."""
     run_ranks(SCRIPTS / "compile_blocks_checks.py", str(tmp_path), timeout=300, tmp_path=tmp_path)

@@ -16,8 +16,6 @@ import pytest
 import torch
 from jobs import read_json, run_ranks, run_script
 
-pytestmark = pytest.mark.multiprocess
-
 SCRIPTS = Path(__file__).parent / "scripts"
 sys.path.append(str(SCRIPTS))  # for fsdp_common / fsdp_skeleton; appended so nothing else is shadowed
 import fsdp_common as common  # noqa: E402  (the model and data the scripts use)
@@ -52,6 +50,7 @@ def _consolidate(*argv: str) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------- training
+@pytest.mark.multiprocess
 def test_training_checkpoints_and_bad_inputs(tmp_path: Path) -> None:
     """2 ranks train like the single-process reference; checkpoints move between 2 ranks, 1 rank, DDP, 1 device."""
     run_ranks(SCRIPTS / "train_checks.py", str(tmp_path), tmp_path=tmp_path)
@@ -160,6 +159,7 @@ def test_training_checkpoints_and_bad_inputs(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------- the seeds' loop
+@pytest.mark.multiprocess
 def test_seed_skeleton_meta_init_and_single_process_load(tmp_path: Path) -> None:
     """The documented loop with Fabric's own launcher; a meta-device model never exists in full on a rank."""
     output = run_script(SCRIPTS / "fsdp_skeleton.py", str(tmp_path), timeout=180, tmp_path=tmp_path)
@@ -228,6 +228,7 @@ def test_consolidate_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> No
 
 
 # ----------------------------------------------------------------------------------------------------- options
+@pytest.mark.multiprocess
 def test_strategy_options_and_precisions(tmp_path: Path) -> None:
     run_ranks(SCRIPTS / "variants.py", str(tmp_path), timeout=180, tmp_path=tmp_path)
     r = read_json(tmp_path / "variants.json")
@@ -260,6 +261,7 @@ def test_strategy_options_and_precisions(tmp_path: Path) -> None:
     assert r["bf16_true"]["losses"] == pytest.approx(ref, rel=2e-2)
 
 
+@pytest.mark.multiprocess
 def test_root_keeps_parameters_gathered_until_backward(tmp_path: Path) -> None:
     """`reshard_after_forward` applies to the wrapped units; the root follows torch's default (no resharding)."""
     run_ranks(SCRIPTS / "reshard_checks.py", str(tmp_path), tmp_path=tmp_path)
@@ -285,6 +287,7 @@ def test_root_keeps_parameters_gathered_until_backward(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------- GPU
+@pytest.mark.multiprocess
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs (NCCL)")
 def test_seed_skeleton_on_two_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -371,6 +374,7 @@ def test_optimizer_state_key_conversion_round_trips() -> None:
         optimizer_state_by_name(native, torch.optim.Adam(params[:2]), names)
 
 
+@pytest.mark.multiprocess
 def test_a_rank_dying_during_a_sharded_save_leaves_the_previous_checkpoint_and_no_temp(tmp_path):
     """The surviving rank's agreement collective fails; its cleanup runs in `finally`, so nothing is left behind."""
     import subprocess
@@ -400,6 +404,7 @@ def test_a_rank_dying_during_a_sharded_save_leaves_the_previous_checkpoint_and_n
     assert load_sharded_checkpoint(tmp_path / "ckpt")["step"] == 1  # the previous checkpoint, complete
 
 
+@pytest.mark.multiprocess
 def test_load_raw_into_modules_that_rename_keys_while_loading(tmp_path: Path) -> None:
     """A full checkpoint into an FSDP model whose LoRA-style layers rename keys in a load_state_dict pre-hook."""
     run_ranks(SCRIPTS / "renaming_load.py", str(tmp_path), timeout=180, tmp_path=tmp_path)

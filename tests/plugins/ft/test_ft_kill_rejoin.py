@@ -82,6 +82,7 @@ def _wait(condition, timeout: float, what: str, jobs: list[Job]) -> None:
 
 
 def test_a_killed_replica_group_rejoins_while_the_other_keeps_training(tmp_path: Path):
+    # multiprocess-check: starts ranks (2 replica groups and a lighthouse)
     stop = tmp_path / "stop"
     lighthouse, address = _lighthouse(tmp_path)
     r0 = _replica(tmp_path, "r0", 0, address, stop)

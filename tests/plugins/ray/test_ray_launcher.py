@@ -55,6 +55,7 @@ def _script_processes(out: Path) -> list[int]:
     return found
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(RUN_TIMEOUT + 60)
 def test_one_command_runs_the_script_on_every_node_with_torchruns_variables(ray_cluster, tmp_path: Path) -> None:
     out = _out(tmp_path, "ok")
@@ -82,6 +83,7 @@ def test_one_command_runs_the_script_on_every_node_with_torchruns_variables(ray_
     assert not _script_processes(out)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(2 * RUN_TIMEOUT + 60)
 def test_the_first_failure_ends_the_job_with_that_ranks_error_and_restarts_are_honoured(ray_cluster, tmp_path: Path) -> None:
     out = _out(tmp_path, "raise")
@@ -109,6 +111,7 @@ def test_the_first_failure_ends_the_job_with_that_ranks_error_and_restarts_are_h
     assert [r["restart"] for r in _records(out)] == [1, 1, 1, 1]
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(240)
 def test_bad_input_is_refused_within_seconds(ray_cluster, tmp_path: Path) -> None:
     out = _out(tmp_path, "bad")
@@ -135,6 +138,7 @@ def test_bad_input_is_refused_within_seconds(ray_cluster, tmp_path: Path) -> Non
     assert "Ray cluster:" in env.stdout and f"reachable at {ray_cluster.address} (RAY_ADDRESS)" in env.stdout, env.stdout
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(RUN_TIMEOUT + 60)
 def test_a_working_dir_is_copied_to_the_nodes_and_the_script_runs_from_the_copy(ray_cluster, tmp_path: Path) -> None:
     project = tmp_path / "project"
@@ -158,6 +162,7 @@ def test_a_working_dir_is_copied_to_the_nodes_and_the_script_runs_from_the_copy(
 FN_SCRIPT = Path(__file__).with_name("launch_fn_script.py")
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(2 * RUN_TIMEOUT + 60)
 def test_fabric_launch_with_start_method_ray_runs_the_function_on_the_cluster(ray_cluster, tmp_path: Path) -> None:
     env = {**ray_cluster.env(), "RAYTEST_SECRET": "s3cret", "FABRIC_RAY_ENV": "RAYTEST_SECRET"}

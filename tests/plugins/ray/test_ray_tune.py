@@ -17,6 +17,7 @@ EXAMPLE = Path(__file__).parents[3] / "plugins" / "ray" / "examples" / "tune_swe
 TIMEOUT = 420
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(TIMEOUT + 60)
 def test_the_sweep_example_reports_every_trials_metrics_and_checkpoint(ray_cluster, tmp_path: Path) -> None:
     command = [sys.executable, EXAMPLE, "--trials", "2", "--steps", "5", "--node-ip", HEAD_IP, "--storage-path", tmp_path / "results"]

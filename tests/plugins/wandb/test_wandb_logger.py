@@ -86,6 +86,7 @@ def test_version_and_id_must_agree():
 
 @pytest.mark.multiprocess
 def test_two_processes_only_rank_zero_logs(tmp_path):
+    # multiprocess-check: starts ranks (the job's config asks for 2 devices)
     save_dir = tmp_path / "runs"
     options = {"project": "ddp", "save_dir": str(save_dir), "log_checkpoints": True}
     config = {

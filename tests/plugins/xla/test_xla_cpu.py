@@ -111,6 +111,7 @@ def test_seed_skeleton_trains_on_one_xla_device(tmp_path: Path) -> None:
 
 def test_multi_replica_launch_and_ranks(tmp_path: Path) -> None:
     """Launch and ranks only: collectives between CPU replicas are not reliable upstream (pytorch/xla#9089)."""
+    # multiprocess-check: single process (torch_xla's CPU replicas are threads of one process)
     _run("replicas.py", tmp_path, devices=2)
     r = read_json(tmp_path / "replicas.json")
     assert (r["strategy"], r["world_size_before_launch"]) == ("XLAStrategy", 2)

@@ -208,6 +208,7 @@ def test_bf16_mixed_without_fabric_amp_and_the_legacy_spelling(xla_cpu):
 # ------------------------------------------------------------------------------------------------ CLI
 def test_fabric_run_refuses_the_multi_replica_strategy(tmp_path: Path):
     """``fabric run`` cannot start torch_xla's replicas (its launcher runs a function); one-process XLA runs work."""
+    # multiprocess-check: single process (the multi-replica run is refused before any process starts)
     script = tmp_path / "train.py"
     script.write_text("print('ran')\n")
     accelerator = "tpu" if HAS_TORCH_XLA else "cpu"  # the lane has torch_xla and PJRT_DEVICE=CPU
