@@ -9,7 +9,8 @@ scientific packages, no network, and takes at most 64 MiB of working tree (``car
 offline: the third-party wheels that ``benchmarks/gpu_wheels.py`` fetched here into ``.gpu-wheels/`` (bitsandbytes
 with only the CPU library and that CUDA release's, torchao, torchft and OpenTelemetry, DeepSpeed and hjson/pydantic,
 setuptools; 15 MiB) and our own distributions built from the working tree, all into one target folder put first on
-``PYTHONPATH``. The device call: ``run(command="make gpu-lane", carry=[".gpu-wheels"], timeout_s=600)``.
+``PYTHONPATH``. The device call: ``run(command="python3 benchmarks/gpu_lane.py", carry=[".gpu-wheels"], timeout_s=600)``
+(``make gpu-lane`` does the same where make is installed).
 
 Steps, each with its own timeout (and all within ``--budget`` seconds):
 
@@ -225,7 +226,8 @@ class Lane:
     # -------------------------------------------------------------------------------------------- steps
     def probe(self) -> None:
         candidates = [self.args.python] if self.args.python else []
-        candidates += [sys.executable, shutil.which("python3") or ""]
+        # this interpreter (the lent machine's python3 under `make gpu-lane`), then make setup's venv (a dry run here)
+        candidates += [sys.executable, shutil.which("python3") or "", str(REPO / ".venv" / "bin" / "python")]
         found, seen = [], set()
         for python in candidates:
             if not python or python in seen or not Path(python).exists():
