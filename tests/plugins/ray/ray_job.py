@@ -5,7 +5,8 @@ prints one ``RESULT {...}`` line per fit. Scenarios:
 
 * ``ranks STRATEGY:LAYOUT...``: 2 workers (``model_parallel`` as ``ModelParallelStrategy(parallelize_fn)``), one per node (``spread``: ``STRICT_SPREAD``, ``Fabric(devices=1,
   num_nodes=2)``) or both on one node (``pack``: ``PACK``, ``Fabric(devices=2)``); a few steps, then each worker records
-  Ray's and Fabric's ranks, whether Fabric used Ray's process group, and a checksum of its weights.
+  Ray's and Fabric's ranks, whether Fabric used Ray's process group, and saves the whole model's weights as that rank
+  holds them (sharded ones gathered) to ``OUT/NAME-rankR.pt``, for the test to compare with one process.
 * ``mismatch``: ``Fabric(devices=4)`` under ``ScalingConfig(num_workers=2)``.
 * ``too_many``: ``ScalingConfig(num_workers=6)`` on the tests' cluster of 4 CPUs, with the recipe of
   plugins/ray/README.md for a cluster of fixed size: ``FailureConfig(controller_failure_limit=0)`` and a short
@@ -56,16 +57,16 @@ def ranks_loop(config: dict) -> None:
         strategy = ModelParallelStrategy(parallelize_fn=_shard_over_data_parallel)
     fabric = Fabric(accelerator="cpu", strategy=strategy, devices=config["devices"], num_nodes=config["num_nodes"])
     fabric.launch()  # starts nothing under Ray Train
-    model = _model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    model, optimizer = fabric.setup(model, optimizer)
+    net = _model()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    model, optimizer = fabric.setup(net, optimizer)
     for step in range(3):
         x, y = _batch(step, fabric.global_rank)
         loss = torch.nn.functional.mse_loss(model(x), y)
         fabric.backward(loss)
         optimizer.step()
         optimizer.zero_grad()
-    checksum = _checksum(model, fabric.world_size)
+    torch.save(_full_weights(net), Path(config["out"]) / f"{config['name']}-rank{fabric.global_rank}.pt")
     record = {
         "environment": type(fabric._strategy.cluster_environment).__name__,
         "launcher": type(fabric._strategy.launcher).__name__ if fabric._strategy.launcher is not None else None,
@@ -75,7 +76,6 @@ def ranks_loop(config: dict) -> None:
         "same_group": ray_group is dist.distributed_c10d._get_default_group(),
         "backend": dist.get_backend(),
         "children": len(_children()),
-        "checksum": checksum,
         "pid": os.getpid(),
     }
     fabric.teardown()
@@ -92,9 +92,9 @@ def _shard_over_data_parallel(model: torch.nn.Module, mesh: object) -> torch.nn.
     return model
 
 
-def reference_checksum(world_size: int = 2, steps: int = 3) -> float:
-    """What every run of ``ranks_loop`` must end with: one process training on all ranks' batches at once (the mean
-    loss over equal batches has the ranks' averaged gradient), summed like :func:`_checksum`."""
+def reference_weights(world_size: int = 2, steps: int = 3) -> dict[str, torch.Tensor]:
+    """What every rank of ``ranks_loop`` must end with: one process, plain torch, training on all ranks' batches at
+    once (the mean loss over equal batches has the ranks' averaged gradient)."""
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(steps):
@@ -103,23 +103,19 @@ def reference_checksum(world_size: int = 2, steps: int = 3) -> float:
         torch.nn.functional.mse_loss(model(x), y).backward()
         optimizer.step()
         optimizer.zero_grad()
-    return float(sum(p.detach().double().sum() for p in model.parameters()))
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
-def _checksum(model: torch.nn.Module, world_size: int) -> float:
-    """The sum of every weight of the whole model, the same for every strategy: FSDP2's shards (DTensors) are summed
-    over the ranks; a replicated weight (DDP) counts once."""
-    import torch.distributed as dist
+def _full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every weight of the whole model as this rank holds it: a replicated one (DDP, DeepSpeed ZeRO-2) as it is, a
+    sharded one (an FSDP2 DTensor) gathered (collective: every rank calls it, in the same order). No reduction across
+    ranks, so a rank whose weights went astray shows."""
     from torch.distributed.tensor import DTensor
 
-    total = torch.zeros((), dtype=torch.float64)
-    for p in model.parameters():
-        if isinstance(p, DTensor):
-            total += p.to_local().detach().double().sum()
-        else:
-            total += p.detach().double().sum() / world_size
-    dist.all_reduce(total)
-    return float(total)
+    return {
+        name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().float().cpu().clone()
+        for name, p in model.named_parameters()
+    }
 
 
 def _children() -> list[int]:

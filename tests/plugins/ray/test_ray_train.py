@@ -29,16 +29,31 @@ def _run(cluster, tmp_path: Path, *args: str, timeout: float, expect: int = 0) -
 
 
 #: Each fit costs a minute or more here (Ray starts a controller, a placement group and two workers): two fits cover a
-#: strategy per layout (ddp over two nodes, fsdp on one), and both must end with the same weights.
+#: strategy per layout (ddp over two nodes, fsdp on one), and every rank of both must end with one process's weights.
 RUNS = {"ddp": "spread", "fsdp": "pack"}
+#: float32 rounding of the ranks' averaged gradients against one process's mean over both batches; computed in plain
+#: torch, a rank that trained on its own batch only (no gradient averaging) ends 0.35 away, summed gradients 0.31, a
+#: missed step 0.25
+TOLERANCE = 1e-5
 
 
+def _same_as_one_process(out: Path, name: str, rank: int) -> None:
+    from tests.plugins.ray.ray_job import reference_weights
+
+    expected = reference_weights()
+    weights = torch.load(out / f"{name}-rank{rank}.pt", weights_only=True)
+    assert weights.keys() == expected.keys(), (name, rank, sorted(weights))
+    for key, tensor in expected.items():
+        difference = (weights[key] - tensor).abs().max().item()
+        assert difference <= TOLERANCE, f"{name} rank {rank} {key} is {difference:.3g} from one process's weights"
+
+
+@pytest.mark.multiprocess
 @pytest.mark.timeout(FIT_TIMEOUT * 2 + 60)
 def test_fabric_inside_ray_train_takes_ranks_and_process_group_from_ray(ray_cluster, tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     _run(ray_cluster, tmp_path, "ranks", str(out), *(f"{s}:{p}" for s, p in RUNS.items()), timeout=FIT_TIMEOUT * 2)
-    checksums = {}
     for strategy, placement in RUNS.items():
         records = [json.loads((out / f"{strategy}-{placement}-rank{r}.json").read_text()) for r in (0, 1)]
         for rank, record in enumerate(records):
@@ -54,24 +69,21 @@ def test_fabric_inside_ray_train_takes_ranks_and_process_group_from_ray(ray_clus
             assert [r["fabric"][1:3] for r in records] == [[0, 0], [0, 1]], records
         else:  # both on one node
             assert [r["fabric"][1:3] for r in records] == [[0, 0], [1, 0]], records
-        assert records[0]["checksum"] == records[1]["checksum"]
-        checksums[f"{strategy}-{placement}"] = records[0]["checksum"]
-    # the same model, data and steps: the same weights whatever the strategy and placement
-    values = list(checksums.values())
-    assert all(abs(v - values[0]) <= 1e-4 * max(1.0, abs(values[0])) for v in values), checksums
+        # every rank's own copy of the whole model (FSDP's shards gathered, nothing reduced) equals one process that
+        # trained on both ranks' batches in plain torch, weight by weight
+        for rank in (0, 1):
+            _same_as_one_process(out, f"{strategy}-{placement}", rank)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(FIT_TIMEOUT * 2 + 60)
 def test_deepspeed_and_model_parallel_inside_ray_train_train_like_one_process(ray_cluster, tmp_path: Path) -> None:
     """The other two multi-process strategies, one worker per node: Ray's ranks and group, launch() starting nothing,
     and the weights of one process that trains on both ranks' batches."""
-    from tests.plugins.ray.ray_job import reference_checksum
-
     runs = ("deepspeed", "model_parallel")
     out = tmp_path / "out"
     out.mkdir()
     _run(ray_cluster, tmp_path, "ranks", str(out), *(f"{s}:spread" for s in runs), timeout=FIT_TIMEOUT * 2)
-    expected = reference_checksum()
     for strategy in runs:
         records = [json.loads((out / f"{strategy}-spread-rank{r}.json").read_text()) for r in (0, 1)]
         for rank, record in enumerate(records):
@@ -79,10 +91,11 @@ def test_deepspeed_and_model_parallel_inside_ray_train_train_like_one_process(ra
             assert record["fabric"] == record["ray"] and record["fabric"] == [rank, 0, rank, 2], record
             assert record["ray_made_group"] and record["same_group"], (strategy, record)
             assert record["launcher"] is None and record["children"] == 0, (strategy, record)
-        assert records[0]["checksum"] == records[1]["checksum"], (strategy, records)
-        assert abs(records[0]["checksum"] - expected) <= 1e-4 * max(1.0, abs(expected)), (strategy, records[0], expected)
+        for rank in (0, 1):
+            _same_as_one_process(out, f"{strategy}-spread", rank)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(FIT_TIMEOUT + 60)
 def test_fabric_contradicting_ray_scaling_config_is_a_clear_error(ray_cluster, tmp_path: Path) -> None:
     output = _run(ray_cluster, tmp_path, "mismatch", str(tmp_path), timeout=FIT_TIMEOUT, expect=3)
@@ -100,6 +113,7 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
     return torch.load(path, weights_only=True)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(FIT_TIMEOUT * 3 + 60)
 def test_worker_sigkilled_mid_run_resumes_from_rays_checkpoint_exactly(ray_cluster, tmp_path: Path) -> None:
     out = tmp_path / "out"
