@@ -1,5 +1,11 @@
 """``python -m benchmarks [--quick | --tiny]``: run the sections, write the JSON results and the Markdown report.
 
+Only a full run of every section, or of some with ``--merge`` (the others kept from the published results),
+publishes by default: it replaces ``benchmarks/results/latest.json`` and the generated part of
+``docs/benchmarks.md``. A ``--quick`` or ``--tiny`` run, or a full one of some sections without ``--merge``, writes
+its JSON to ``benchmarks/results/local/`` (ignored by git) and leaves the published report alone, unless
+``--out``/``--md`` say where to write: a quick try never replaces published results.
+
 The sections are the modules of ``benchmarks/sections/`` (see ``benchmarks/section.py``); this file only runs
 them in order, each in the current process or, when it asks for it, in a fresh interpreter
 (``python -m benchmarks --child NAME CONTEXT_JSON``, which prints its result as one JSON line).
@@ -31,6 +37,10 @@ from benchmarks.report import evaluate_targets, render_summary, write_markdown
 from benchmarks.section import RunContext, Section, by_name, discover
 
 SCHEMA = 2
+#: What a full run of every section publishes (tracked in git), and where any other run writes its JSON (ignored).
+PUBLISHED_JSON = REPO_ROOT / "benchmarks" / "results" / "latest.json"
+PUBLISHED_MD = REPO_ROOT / "docs" / "benchmarks.md"
+LOCAL_RESULTS = REPO_ROOT / "benchmarks" / "results" / "local"
 
 
 def parse_args(argv: list[str] | None, names: list[str]) -> argparse.Namespace:
@@ -50,11 +60,17 @@ def parse_args(argv: list[str] | None, names: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--clock", choices=("cpu", "wall"), default="cpu", help="clock of the training-loop section"
     )
-    p.add_argument("--out", default=str(REPO_ROOT / "benchmarks" / "results" / "latest.json"))
+    p.add_argument(
+        "--out",
+        default=None,
+        help=f"the JSON results (default: {PUBLISHED_JSON.relative_to(REPO_ROOT)} for a full run of every section,"
+        f" else {LOCAL_RESULTS.relative_to(REPO_ROOT)}/<mode>.json)",
+    )
     p.add_argument(
         "--md",
-        default=str(REPO_ROOT / "docs" / "benchmarks.md"),
-        help="Markdown report to update ('' for none)",
+        default=None,
+        help=f"Markdown report to update ('' for none; default: {PUBLISHED_MD.relative_to(REPO_ROOT)} for a full run of"
+        " every section, else none)",
     )
     p.add_argument(
         "--ckpt-dir", default=None, help="where checkpoint files are written (default: the system temp dir)"
@@ -131,6 +147,19 @@ def _merge_earlier(results: dict[str, Any], out: Path, names: list[str]) -> None
     _log(f"--merge: kept {', '.join(kept) or 'no sections'} from {out}")
 
 
+def destinations(
+    mode: str, wanted: list[str], names: list[str], merge: bool, out: str | None, md: str | None
+) -> tuple[Path, str]:
+    """Where a run writes its JSON and its Markdown report (``""``: none). A full run of every section publishes
+    (``latest.json`` and docs/benchmarks.md), and so does a full run of some with ``--merge`` (the others come from
+    the published results); any other run writes to ``benchmarks/results/local/`` and no report, unless told."""
+    publishes = mode == "full" and (merge or set(wanted) == set(names))
+    json_path = Path(out) if out else PUBLISHED_JSON if publishes else LOCAL_RESULTS / f"{mode}.json"
+    if md is None:
+        md = str(PUBLISHED_MD) if publishes and json_path == PUBLISHED_JSON else ""
+    return json_path, md
+
+
 def main(argv: list[str] | None = None) -> int:
     sections = discover()
     names = [s.name for s in sections]
@@ -192,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         load = None
     results["machine"]["loadavg_at_end"] = load
     results["elapsed_s"] = round(time.time() - started, 1)
-    out = Path(args.out)
+    out, md = destinations(mode, wanted, names, args.merge, args.out, args.md)
     if args.merge:
         _merge_earlier(results, out, names)
     present = [s for s in sections if s.name in results["sections"]]
@@ -201,9 +230,12 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1) + "\n")
     _log(f"wrote {out}")
-    if args.md:
-        write_markdown(Path(args.md), results, present)
-        _log(f"updated {args.md}")
+    if md:
+        write_markdown(Path(md), results, present)
+        _log(f"updated {md}")
+    elif args.md is None:
+        why = f"a {mode} run" if mode != "full" else "not every section"
+        _log(f"{PUBLISHED_MD.relative_to(REPO_ROOT)} keeps its published results ({why}); --md PATH writes a report")
     _log(render_summary(results))
     return 0
 

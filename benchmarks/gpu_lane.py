@@ -27,7 +27,8 @@ Steps, each with its own timeout (and all within ``--budget`` seconds):
    what is left of the budget.
 
 Results go to ``benchmarks/results/``: ``gpu_lane_latest.json`` (this summary: every CUDA path with its outcome),
-``gpu_latest.json`` and ``gpu_parallel_latest.json``. ``--dry-run`` installs nothing, prints the CUDA paths and the
+``gpu_latest.json`` and ``gpu_parallel_latest.json``; where torch sees no GPU they go to a temporary folder (the
+summary says which), so the lane never leaves the work tree dirty on a machine without one. ``--dry-run`` installs nothing, prints the CUDA paths and the
 install plan, runs the tests here (they must all skip, none fail), the dry checks and the benchmark's no-CUDA path,
 and writes its summary to ``--out`` only.
 """
@@ -351,8 +352,14 @@ class Lane:
         status = "ok" if all(c["status"] == "ok" for c in checks.values()) else "failed"
         self.record("dry_checks", status, note="; ".join(f"{k}: {c['status']}" for k, c in checks.items()), checks=checks)
 
+    @property
+    def keeps_results(self) -> bool:
+        """Whether results go to ``benchmarks/results/``: a real run on a GPU. A dry run, or a machine whose torch
+        sees no GPU, measures nothing worth keeping and leaves the work tree as it was (a temporary folder)."""
+        return not self.dry and bool(self.python_info.get("cuda_available"))
+
     def bench(self, step: str, extra: list[str], out_name: str) -> None:
-        out = Path(tempfile.mkdtemp()) / out_name if self.dry else RESULTS / out_name
+        out = RESULTS / out_name if self.keeps_results else Path(tempfile.mkdtemp()) / out_name
         cmd = [self.python, str(REPO / "benchmarks" / "gpu_bench.py"), "--out", str(out), *extra]
         res = self.run(cmd, self.timeout(step))
         if self.dry and step == "bench_single":  # and every code path of the script on the CPU (tiny model)
@@ -436,7 +443,12 @@ def main(argv: list[str] | None = None) -> int:
         "cuda_paths": lane.paths(),
         "steps": lane.steps,
     }
-    out = Path(args.out) if args.out else (None if args.dry_run else RESULTS / "gpu_lane_latest.json")
+    if args.out:
+        out: Path | None = Path(args.out)
+    elif lane.keeps_results:
+        out = RESULTS / "gpu_lane_latest.json"
+    else:  # no GPU here (or a dry run): the summary is printed, and kept outside the work tree
+        out = None if args.dry_run else Path(tempfile.mkdtemp(prefix="gpu-lane-")) / "gpu_lane_latest.json"
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(summary, indent=1) + "\n")
