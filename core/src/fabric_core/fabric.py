@@ -550,6 +550,56 @@ class Fabric:
         if hang.watching:
             report_progress()
 
+    @counts_as_progress
+    def forward_backward(
+        self,
+        model: Any,
+        *args: Any,
+        loss_fn: Callable[..., Tensor],
+        target: Any = None,
+        micro_batches: int | None = None,
+        **kwargs: Any,
+    ) -> Tensor:
+        """One step's forward and backward: ``loss_fn(model(*args, **kwargs), target)`` over the batch, cut into
+        ``micro_batches`` equal parts along the first dimension; then ``optimizer.step()`` as usual.
+
+        Returns the mean of the micro-batch losses (detached): the batch's loss when ``loss_fn`` averages over
+        samples, and the gradients are those of that mean. By default each micro-batch runs through the model and
+        :meth:`backward`, gradients synchronising on the last; a pipeline-parallel strategy runs its schedule over
+        the micro-batches instead (``micro_batches=None``: the strategy's setting, else one), a sequence-parallel
+        one shards the sequence first. The same loop runs on every strategy (:mod:`fabric_core.strategies.forward_backward`).
+        """
+        from fabric_core.strategies.forward_backward import ForwardBackward, check_micro_batches
+
+        module, _ = unwrap_compiled(model)
+        if not isinstance(module, FabricModule):
+            raise TypeError(
+                "`fabric.forward_backward` needs the model returned by `fabric.setup(...)`, got a"
+                f" {type(model).__name__}: `model, optimizer = fabric.setup(model, optimizer)` first."
+            )
+        if not callable(loss_fn):
+            raise TypeError(
+                f"`loss_fn` must be a callable `loss_fn(output, target) -> loss`, got {type(loss_fn).__name__}."
+            )
+        control = self._strategy.backward_sync_control
+
+        def no_backward_sync(enabled: bool) -> AbstractContextManager:
+            # As in `fabric.accumulate`: a strategy that cannot skip the sync synchronises every micro-batch, silently.
+            return control.no_backward_sync(module.strategy_module, enabled) if enabled and control else nullcontext()
+
+        step = ForwardBackward(
+            module=module.strategy_module,
+            args=args,
+            kwargs=kwargs,
+            target=target,
+            loss_fn=loss_fn,
+            micro_batches=check_micro_batches(micro_batches),
+            forward=model,
+            backward=lambda loss: self.backward(loss, model=model),
+            no_backward_sync=no_backward_sync,
+        )
+        return self._strategy.forward_backward(step)
+
     def clip_gradients(
         self,
         module: Module,

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from fabric_core.io.snapshot import SnapshotBuffers
     from fabric_core.io.state import Filter
     from fabric_core.launchers.base import Launcher
+    from fabric_core.strategies.forward_backward import ForwardBackward
 
 __all__ = ["REDUCE_OPS", "BackwardSyncControl", "Binding", "Strategy", "check_reduce_op", "require_precision_type"]
 
@@ -546,6 +547,15 @@ class Strategy(ABC):
         tensor = self.precision.pre_backward(tensor, module)
         self.precision.backward(tensor, module, *args, **kwargs)
         self.precision.post_backward(tensor, module)
+
+    def forward_backward(self, step: ForwardBackward) -> Tensor:
+        """``fabric.forward_backward(model, *args, target=, loss_fn=, micro_batches=)``: one step's forward and
+        backward over the micro-batches of ``step`` (:class:`~fabric_core.strategies.ForwardBackward`); returns the
+        mean of the micro-batch losses, detached. By default ``step.run()``: each micro-batch through the model's
+        forward and ``fabric.backward``, as a user's loop would. A strategy that must run forward and backward
+        together (a pipeline schedule) overrides it; one that only adapts the inputs calls ``step.with_inputs(...)``
+        and runs that."""
+        return step.run()
 
     def optimizer_step(self, optimizer: Any, **kwargs: Any) -> Any:
         """``optimizer.step()`` on a set-up optimizer: ``optimizer`` is the plain optimizer (or what

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 from fabric_core.utilities.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from fabric_core.utilities.apply import move_data_to_device
+    from fabric_core.utilities.apply import apply_to_collection, move_data_to_device
+    from fabric_core.utilities.object_collectives import all_gather_object
     from fabric_core.utilities.rank_zero import rank_zero_info, rank_zero_only, rank_zero_warn
     from fabric_core.utilities.seed import seed_everything
     from fabric_core.utilities.warnings import disable_possible_user_warnings
@@ -24,6 +25,8 @@ __all__ = [
     "RunInfo",
     "Throughput",
     "ThroughputMonitor",
+    "all_gather_object",
+    "apply_to_collection",
     "clip_grad_norm",
     "disable_possible_user_warnings",
     "fabric_log",
@@ -48,7 +51,9 @@ __getattr__, __dir__ = lazy_exports(
         "Throughput": "fabric_core.runtime.throughput",
         "ThroughputMonitor": "fabric_core.runtime.throughput",
         "measure_flops": "fabric_core.runtime.throughput",
+        "apply_to_collection": "fabric_core.utilities.apply",
         "move_data_to_device": "fabric_core.utilities.apply",
+        "all_gather_object": "fabric_core.utilities.object_collectives",
         "clip_grad_norm": "fabric_core.utilities.dtensor",
         "shard_full_tensors_on_load": "fabric_core.utilities.dtensor",
         "MisconfigurationException": "fabric_core.utilities.exceptions",

@@ -53,29 +53,44 @@ def to_full_tensor(value: Any) -> Any:
     return value.full_tensor() if is_dtensor(value) else value
 
 
-def clip_grad_norm(params: Iterable[Tensor], max_norm: float, norm_type: float, error_if_nonfinite: bool) -> Tensor:
+def clip_grad_norm(
+    params: Iterable[Tensor], max_norm: float, norm_type: float, error_if_nonfinite: bool, group: Any = None
+) -> Tensor:
     """Clip the gradients of ``params`` by their total norm, over every shard on every rank; returns that norm as a
     plain tensor.
 
     Gradients may be plain tensors, DTensors, or DTensors on different meshes (tensor parallel over one mesh,
     FSDP over another): the norm of each group is computed apart, made whole, and combined, so a model is clipped by
-    the norm of all its gradients. One group is clipped by ``torch.nn.utils.clip_grad_norm_`` itself.
+    the norm of all its gradients. One group is clipped by ``torch.nn.utils.clip_grad_norm_`` itself. ``group``: a
+    process group whose ranks hold *other* parameters of the same model (pipeline stages); their norms are combined
+    too, so every stage clips by the whole model's norm (call it on every rank of ``group``).
     """
     params = [p for p in params if p.grad is not None]
     groups: dict[int, list[Tensor]] = {}
     for p in params:
         groups.setdefault(id(p.grad.device_mesh) if is_dtensor(p.grad) else 0, []).append(p)  # type: ignore[union-attr]
-    if len(groups) <= 1:
+    if len(groups) <= 1 and group is None:
         total = torch.nn.utils.clip_grad_norm_(
             params, max_norm=max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite
         )
         return to_full_tensor(total)
     norms = [
-        to_full_tensor(torch.nn.utils.get_total_norm([p.grad for p in group], norm_type=norm_type))
-        for group in groups.values()
+        to_full_tensor(torch.nn.utils.get_total_norm([p.grad for p in part], norm_type=norm_type))
+        for part in groups.values()
     ]
-    stacked = torch.stack([n.float().cpu() for n in norms])
-    total = stacked.max() if norm_type == float("inf") else torch.linalg.vector_norm(stacked, norm_type)
+    device = norms[0].device if norms else torch.device("cpu")
+    stacked = torch.stack([n.float().to(device) for n in norms]) if norms else torch.zeros(1, device=device)
+    infinite = norm_type == float("inf")
+    total = stacked.max() if infinite else torch.linalg.vector_norm(stacked, norm_type)
+    if group is not None:
+        import torch.distributed as dist
+
+        if infinite:
+            dist.all_reduce(total, op=dist.ReduceOp.MAX, group=group)
+        else:
+            total = total**norm_type
+            dist.all_reduce(total, group=group)
+            total = total ** (1.0 / norm_type)
     if error_if_nonfinite and not torch.isfinite(total):
         raise RuntimeError(
             f"The total norm of order {norm_type} for gradients is non-finite, so it cannot be clipped. To disable"

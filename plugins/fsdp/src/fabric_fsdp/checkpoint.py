@@ -245,13 +245,22 @@ class ShardedFormat(CheckpointFormat):
             ``None``: the one FSDP model in the state that is saved or loaded.
         stager: the DCP stager asynchronous saves copy into (kept by the strategy so its buffers are reused);
             ``None``: asynchronous saves are refused.
+        complete_groups: ``fn(model, optimizer_state) -> optimizer_state``, called on every rank before saving an
+            optimizer, for a model whose ranks hold different parameters (pipeline stages): its ``param_groups`` must
+            list them all, since the checkpoint keeps one rank's copy. ``None``: saved as they are.
     """
 
     description = "a directory with FSDP checkpoint shards"
 
-    def __init__(self, owner: OwnerLookup | None = None, stager: Callable[[], Any] | None = None) -> None:
+    def __init__(
+        self,
+        owner: OwnerLookup | None = None,
+        stager: Callable[[], Any] | None = None,
+        complete_groups: Callable[[Module, dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> None:
         self.owner = owner
         self.stager = stager
+        self.complete_groups = complete_groups
 
     def _model_of(self, optimizer: Optimizer, model: Module | None) -> Module | None:
         """The FSDP model ``optimizer`` updates: the strategy's answer, else the one FSDP model in the state."""
@@ -297,7 +306,10 @@ class ShardedFormat(CheckpointFormat):
             if key == model_key:
                 continue
             if isinstance(obj, Optimizer):
-                shards[key] = get_optimizer_state_dict(self._model_of(obj, model), obj)
+                owner = self._model_of(obj, model)
+                shards[key] = get_optimizer_state_dict(owner, obj)
+                if self.complete_groups is not None and owner is not None:
+                    shards[key] = self.complete_groups(owner, shards[key])
                 optimizer_keys.append(key)
             else:
                 rest[key] = obj

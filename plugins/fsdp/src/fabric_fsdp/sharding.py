@@ -316,14 +316,18 @@ def _mesh_has_distributed_rng(device_type: str) -> bool:
     return hasattr(getattr(torch, device_type, None), "set_rng_state")
 
 
-def _make_replicas_agree(module: Module) -> None:
+def _make_replicas_agree(module: Module, replicas: list[Any] | None = None) -> None:
     """After each rank initialised its own local tensors: every tensor that several ranks hold copies of takes the
-    value of the first of them (along each mesh dimension a DTensor is replicated over; whole tensors from rank 0)."""
+    value of the first of them (along each mesh dimension a DTensor is replicated over; whole tensors along each group
+    of ``replicas``, by default from global rank 0)."""
     from torch.distributed.tensor import Replicate
 
     for tensor in [*module.parameters(), *module.buffers()]:
         if not is_dtensor(tensor):
-            dist.broadcast(tensor.data, src=0)
+            if replicas is None:
+                dist.broadcast(tensor.data, src=0)
+            for group in replicas or ():
+                dist.broadcast(tensor.data, src=dist.get_global_rank(group, 0), group=group)
             continue
         mesh = tensor.device_mesh
         for dim, placement in enumerate(tensor.placements):
@@ -332,7 +336,7 @@ def _make_replicas_agree(module: Module) -> None:
                 dist.broadcast(tensor.to_local().data, src=dist.get_global_rank(group, 0), group=group)
 
 
-def materialize(module: Module, device: torch.device, seed: int) -> None:
+def materialize(module: Module, device: torch.device, seed: int, replicas: list[Any] | None = None) -> None:
     """Allocate the local shards of meta parameters and buffers and initialise them with ``reset_parameters()``.
 
     Only a rank's own part of each parameter is ever allocated. Modules are reset children first, like construction
@@ -340,6 +344,8 @@ def materialize(module: Module, device: torch.device, seed: int) -> None:
     every shard once and replicas alike. Elsewhere (CPU) each rank draws its part from ``seed`` (the same on every
     rank) plus its rank, then copies of the same shard, replicated parameters and whole tensors are made equal
     across ranks (:func:`_make_replicas_agree`). Works for any DTensor layout: FSDP2, tensor parallel, both.
+    ``replicas``: the process groups over which whole tensors are copies (default: every rank holds the same whole
+    tensors; a pipeline stage's are shared only by the ranks holding that stage).
     """
     module.to_empty(device=device)
     modules = list(module.named_modules())
@@ -373,14 +379,49 @@ def materialize(module: Module, device: torch.device, seed: int) -> None:
         if drawn_by_dtensor:
             # Buffers and parameters left whole (FSDP's `ignored_modules`) are on every rank: rank 0's win.
             for tensor in [*module.buffers(), *(p for p in module.parameters() if not is_dtensor(p))]:
-                dist.broadcast(tensor.data, src=0)
+                if replicas is None:
+                    dist.broadcast(tensor.data, src=0)
+                for group in replicas or ():
+                    dist.broadcast(tensor.data, src=dist.get_global_rank(group, 0), group=group)
         else:
-            _make_replicas_agree(module)
+            _make_replicas_agree(module, replicas)
+
+
+def materialize_own(module: Module, device: torch.device, seed: int) -> None:
+    """Materialise the meta tensors that submodules of ``module`` hold themselves (not their children's, which may be
+    in use already), each module reset with ``reset_parameters()`` from ``seed``: the same values on every rank."""
+    owners = [
+        (name, m)
+        for name, m in module.named_modules()
+        if any(t is not None and t.is_meta for t in [*m._parameters.values(), *m._buffers.values()])
+    ]
+    uncovered = [name or type(module).__name__ for name, m in owners if _reset_function(m) is None]
+    if uncovered:
+        rank_zero_warn(
+            "The model was created on the meta device (`init_module(empty_init=True)`), and these submodules"
+            f" have no `reset_parameters()` to initialise them: {uncovered[:5]}. Their weights are"
+            " uninitialised memory until you load a checkpoint."
+        )
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed)
+        for _, m in owners:
+            m.to_empty(device=device, recurse=False)
+            reset = _reset_function(m)
+            if reset is not None:
+                reset()
 
 
 def is_sharded(module: Module) -> bool:
-    """Whether ``module`` was sharded over processes: FSDP2 units, or DTensor parameters (tensor parallelism)."""
-    return is_fsdp(module) or any(is_fsdp(m) for m in module.modules()) or any(is_dtensor(p) for p in module.parameters())
+    """Whether ``module`` was sharded over processes: FSDP2 units, DTensor parameters (tensor parallelism), or
+    pipeline stages (this rank holds some of them)."""
+    from fabric_fsdp.pipeline import pipeline_of
+
+    return (
+        is_fsdp(module)
+        or any(is_fsdp(m) for m in module.modules())
+        or any(is_dtensor(p) for p in module.parameters())
+        or pipeline_of(module) is not None
+    )
 
 
 def check_optimizer(optimizer: Optimizer) -> None:
