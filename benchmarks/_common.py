@@ -216,16 +216,23 @@ _EXIT_ABORT = "terminate called without an active exception"
 
 
 def run_job(
-    script: str, args: Sequence[str], *, nproc: int = 2, torchrun: bool = True, timeout: float = 600
+    script: str,
+    args: Sequence[str],
+    *,
+    nproc: int = 2,
+    torchrun: bool = True,
+    timeout: float = 600,
+    env_extra: dict[str, str] | None = None,
 ) -> Any:
     """Start one ``nproc``-process job of ``script`` and return the result line rank 0 emitted.
 
     ``torchrun=False`` starts ``python script`` alone (its ``fabric.launch()`` starts the other ranks). The job
     gets ``BENCH_T0``, the moment it was started, for time-to-first-step measurements. A job that reported its
     result and then aborted at interpreter exit (the torch/gloo teardown crash fabric-core guards against,
-    docs/decisions.md) keeps its numbers, with ``exit_aborted`` set so the section can count such jobs.
+    docs/decisions.md) keeps its numbers, with ``exit_aborted`` set so the section can count such jobs. ``env_extra``:
+    variables added to the job's environment.
     """
-    env = child_env()
+    env = child_env(env_extra)
     for key in _JOB_CLEAN_ENV:
         env.pop(key, None)
     cmd = [sys.executable, script, *args]

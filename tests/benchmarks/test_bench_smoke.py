@@ -28,7 +28,7 @@ from benchmarks.section import RenderContext, discover  # noqa: E402
 
 SECTIONS = {s.name: s for s in discover()}
 #: Sections whose tiny run starts 2-process torch.distributed jobs.
-MULTIPROCESS = {"ddp", "fsdp", "model_parallel", "deepspeed", "fsdp_checkpoint", "ray", "ft"}
+MULTIPROCESS = {"ddp", "fsdp", "model_parallel", "deepspeed", "fsdp_checkpoint", "ray", "ft", "pipeline"}
 
 
 def _positive(stat: dict) -> bool:
@@ -102,6 +102,15 @@ def check_fsdp_checkpoint(fc: dict) -> None:
     assert all(_positive(e["blocking_s"]) and _positive(e["total_s"]) for e in fc["variants"].values())
 
 
+def check_pipeline(p: dict) -> None:
+    assert set(p["schedules"]) == {"GPipe", "1F1B", "Interleaved1F1B"}
+    for schedule in p["schedules"].values():
+        assert _positive(schedule["steps_per_s"]["raw"]) and _positive(schedule["steps_per_s"]["ours"])
+        assert _finite(schedule["bubble_measured"]) and 0 < schedule["bubble_theoretical"] < 1
+    single, pipeline = (p["memory"][k]["per_rank_max_bytes"] for k in ("single", "pp2"))
+    assert 0 < pipeline["parameters"] < single["parameters"]  # each pipeline rank holds part of the model
+
+
 CHECKS: dict[str, Callable[[dict], None]] = {
     "import": check_import,
     "steps": check_steps,
@@ -110,6 +119,7 @@ CHECKS: dict[str, Callable[[dict], None]] = {
     "fsdp": check_data_parallel,
     "deepspeed": check_deepspeed,
     "fsdp_checkpoint": check_fsdp_checkpoint,
+    "pipeline": check_pipeline,
 }
 
 

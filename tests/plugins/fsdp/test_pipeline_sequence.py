@@ -15,7 +15,7 @@ import torch
 from jobs import read_json, run_ranks
 from torch import nn
 
-from fabric_core import Fabric
+from fabric_core import Fabric, cli
 
 SCRIPTS = Path(__file__).parent / "scripts"
 TOLERANCE = 1e-5
@@ -37,10 +37,7 @@ def _expected(folder: Path, world: int) -> tuple[dict, dict]:
     return model, optimizer
 
 
-@pytest.mark.multiprocess
-def test_pipeline_two_ranks(tmp_path: Path) -> None:
-    run_ranks(SCRIPTS / "pipeline_checks.py", str(tmp_path), "2", world_size=2, tmp_path=tmp_path, timeout=300)
-    r = read_json(tmp_path / "result.json")
+def _pipeline_two_ranks(r: dict, tmp_path: Path) -> None:
     # Every schedule, split by names or by a function: loss and every gradient of one process, twice (AdamW and
     # clipping by the whole model's norm over both stages in between), the same loss returned on both ranks.
     assert set(r["schedules"]) == {"GPipe", "1F1B", "1F1B_function", "Interleaved1F1B", "LoopedBFS"}
@@ -57,7 +54,7 @@ def test_pipeline_two_ranks(tmp_path: Path) -> None:
     # The sharded checkpoint lists the whole model, loads exactly into data parallel 2 x pipeline 1 (model and AdamW).
     assert r["checkpoint_keys"] == sorted(dict(_net().named_parameters()))
     assert r["dp2_remainder"] == {"step": 2} and r["dp2_loads_exactly"] and r["dp2_optimizer_exactly"]
-    # ... and into one process (a plain Fabric reads the folder whole), exactly.
+    # ... and into one process (a plain Fabric reads the folder whole), exactly; `fabric consolidate` makes one file.
     expected_model, expected_optimizer = _expected(tmp_path, 2)
     fabric = Fabric(accelerator="cpu", devices=1)
     model = _net()
@@ -69,6 +66,9 @@ def test_pipeline_two_ranks(tmp_path: Path) -> None:
     names = [n for n, _ in model.module.named_parameters()]
     saved = optimizer.state_dict()["state"]
     assert all(torch.equal(saved[names.index(k)][s], v) for k, entry in expected_optimizer.items() for s, v in entry.items())
+    assert cli.main(["consolidate", str(tmp_path / "pipeline_ckpt")]) == 0
+    consolidated = torch.load(tmp_path / "pipeline_ckpt.consolidated", weights_only=True)
+    assert all(torch.equal(consolidated["model"][k], v) for k, v in expected_model.items()) and consolidated["step"] == 2
     # Errors that need a running pipeline; a smaller batch builds a schedule of its own and is right.
     assert "`layers.0` receives something computed from the previous piece's output" in r["chain_error"]
     assert "pipeline_split=fn(model, stage_index, num_stages)" in r["chain_error"]
@@ -79,22 +79,7 @@ def test_pipeline_two_ranks(tmp_path: Path) -> None:
     assert r["smaller_batch_loss"] == pytest.approx(r["smaller_batch_ref_loss"], abs=TOLERANCE)
 
 
-@pytest.mark.multiprocess
-def test_pipeline_times_data_parallel(tmp_path: Path) -> None:
-    run_ranks(SCRIPTS / "pipeline_checks.py", str(tmp_path), "4", world_size=4, tmp_path=tmp_path, timeout=300)
-    r = read_json(tmp_path / "result.json")
-    # (pipeline, data_parallel, tensor_parallel) coordinates, row-major; samplers split over the 2 data rows only.
-    assert r["coordinates"] == [[0, 0, 0], [0, 1, 0], [1, 0, 0], [1, 1, 0]]
-    assert r["sampler"] == [2, 0]
-    _close(r["pp2_dp2"])
-    assert r["pp2_dp2"]["sharded"]  # every stage's parameters are FSDP2 shards over its data rows
-
-
-@pytest.mark.multiprocess
-@pytest.mark.parametrize("world", [2, 4], ids=["sp2", "sp2xdp2"])
-def test_sequence_parallel(tmp_path: Path, world: int) -> None:
-    run_ranks(SCRIPTS / "sequence_checks.py", str(tmp_path), str(world), world_size=world, tmp_path=tmp_path, timeout=300)
-    r = read_json(tmp_path / "result.json")
+def _sequence(r: dict, tmp_path: Path, world: int) -> None:
     dp = world // 2
     assert r["mesh"] == [["data_parallel", "sequence", "tensor_parallel"], [dp, 2, 1]]
     assert r["sampler"] == [dp, 0]  # sequence peers read the same samples
@@ -105,10 +90,33 @@ def test_sequence_parallel(tmp_path: Path, world: int) -> None:
     if world == 2:  # the sequence-sharded checkpoint loads into one process under the full names, exactly
         expected = torch.load(tmp_path / "sequence_expected.pt", weights_only=True)
         sequence = runpy.run_path(str(SCRIPTS / "sequence_checks.py"), run_name="loaded")
-        model = Fabric(accelerator="cpu", devices=1).setup_module(sequence["TinyLM"]())
-        Fabric(accelerator="cpu", devices=1).load(tmp_path / "sequence_ckpt", {"model": model}, strict=False)
+        fabric = Fabric(accelerator="cpu", devices=1)
+        model = fabric.setup_module(sequence["TinyLM"]())
+        assert fabric.load(tmp_path / "sequence_ckpt", {"model": model}) == {"step": 2}
         state = model.state_dict()
         assert set(state) == set(expected) and all(torch.equal(state[k], v) for k, v in expected.items())
+
+
+@pytest.mark.multiprocess
+def test_pipeline_and_sequence_on_two_ranks(tmp_path: Path) -> None:
+    """Pipeline 2 (every schedule, checkpoints, errors), then sequence parallel 2, in one 2-process job."""
+    run_ranks(SCRIPTS / "pipeline_checks.py", str(tmp_path), "2", world_size=2, tmp_path=tmp_path, timeout=300)
+    r = read_json(tmp_path / "result.json")
+    _pipeline_two_ranks(r, tmp_path)
+    _sequence(r, tmp_path, world=2)
+
+
+@pytest.mark.multiprocess
+def test_pipeline_and_sequence_times_data_parallel(tmp_path: Path) -> None:
+    """Pipeline 2 x data parallel 2, then sequence parallel 2 x data parallel 2, in one 4-process job."""
+    run_ranks(SCRIPTS / "pipeline_checks.py", str(tmp_path), "4", world_size=4, tmp_path=tmp_path, timeout=300)
+    r = read_json(tmp_path / "result.json")
+    # (pipeline, data_parallel, tensor_parallel) coordinates, row-major; samplers split over the 2 data rows only.
+    assert r["pipeline_coordinates"] == [[0, 0, 0], [0, 1, 0], [1, 0, 0], [1, 1, 0]]
+    assert r["pipeline_sampler"] == [2, 0]
+    _close(r["pp2_dp2"])
+    assert r["pp2_dp2"]["sharded"]  # every stage's parameters are FSDP2 shards over its data rows
+    _sequence(r, tmp_path, world=4)
 
 
 # ----------------------------------------------------------------------------------------------------- in-process

@@ -15,9 +15,10 @@ if TYPE_CHECKING:
     from fabric_fsdp.checkpoint import load_sharded_checkpoint
     from fabric_fsdp.model_parallel import ModelParallelStrategy
     from fabric_fsdp.precision import FSDPPrecision
+    from fabric_fsdp.sequence import ulysses
     from fabric_fsdp.strategy import FSDPStrategy
 
-__all__ = ["FSDPPrecision", "FSDPStrategy", "ModelParallelStrategy", "load_sharded_checkpoint"]
+__all__ = ["FSDPPrecision", "FSDPStrategy", "ModelParallelStrategy", "load_sharded_checkpoint", "ulysses"]
 
 __getattr__, __dir__ = lazy_exports(
     __name__,
@@ -27,5 +28,6 @@ __getattr__, __dir__ = lazy_exports(
         "ModelParallelStrategy": "fabric_fsdp.model_parallel",
         "FSDPPrecision": "fabric_fsdp.precision",
         "load_sharded_checkpoint": "fabric_fsdp.checkpoint",
+        "ulysses": "fabric_fsdp.sequence",
     },
 )

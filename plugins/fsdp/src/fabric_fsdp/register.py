@@ -40,7 +40,7 @@ def fabric_register_strategies(registrar: Registrar) -> None:
     registrar.add(
         "model_parallel",
         "fabric_fsdp.model_parallel:ModelParallelStrategy",
-        description="tensor parallel x FSDP2 on a (data_parallel, tensor_parallel) mesh by your parallelize_fn",
+        description="FSDP2 x tensor x pipeline x sequence (Ulysses) parallel on one mesh; your parallelize_fn shards",
     )
 
 

@@ -5,8 +5,8 @@ whose second with a user's attention function wrapped by ``strategy.ulysses``.
 Two steps (one micro-batch, then two), targets with ignored tokens spread unevenly over the sequence halves, against
 one process running the whole model on the whole sequences (loss and every gradient, then the weights after AdamW);
 a sharded checkpoint (2 ranks; the test loads it into one process); the errors for a sequence length or head count the
-axis does not divide and for a model that takes no positions. Writes ``result.json`` (rank 0) for
-tests/plugins/fsdp/test_pipeline_sequence.py.
+axis does not divide and for a model that takes no positions. ``pipeline_checks.py`` runs
+these checks in its job too (one job per layout); run alone, this writes ``result.json`` (rank 0).
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def parallelize(model: nn.Module, mesh) -> nn.Module:
     """The second block's own attention function through the all-to-all; FSDP2 over data x sequence."""
     from torch.distributed.fsdp import fully_shard
 
-    from fabric_fsdp.sequence import ulysses
+    from fabric_fsdp import ulysses
 
     model.blocks[1].attn.attention = ulysses(my_attention, mesh["sequence"].get_group())
     for block in model.blocks:
@@ -126,10 +126,9 @@ def worst(value: float) -> float:
     return float(t)
 
 
-def main() -> None:
-    world = int(sys.argv[2])
+def sequence_checks(world: int, result: dict) -> None:
+    """Sequence parallel 2 (x data parallel 2 on 4 ranks): two steps against one process, a checkpoint, the errors."""
     dp = world // 2
-    result: dict = {"world": world}
     strategy = ModelParallelStrategy(parallelize, data_parallel_size=dp, sequence_parallel_size=2)
     fabric = Fabric(accelerator="cpu", devices=world, strategy=strategy)
     fabric.launch()
@@ -168,7 +167,7 @@ def main() -> None:
         ref_optimizer.zero_grad()
     ref = dict(reference.named_parameters())
     record["param_diff"] = worst(max(float((full(p) - ref[n]).abs().max()) for n, p in model.module.named_parameters()))
-    mark("trained")
+    mark("sequence parallel trained")
 
     if world == 2:
         out = out_dir()
@@ -189,10 +188,16 @@ def main() -> None:
         ValueError, "has 1 head(s)", fabric.forward_backward, one_head, tokens, target=target, loss_fn=loss_fn
     )
     result["positions_error"] = expect_error(TypeError, "position_ids", fabric.setup_module, NoPositions())
-    mark("errors")
+    mark("sequence errors")
+    fabric.teardown()
+
+
+def main() -> None:
+    world = int(sys.argv[2])
+    result: dict = {"world": world}
+    sequence_checks(world, result)
     if os.environ["RANK"] == "0":
         dump(out_dir() / "result.json", result)
-    fabric.teardown()
     mark("done")
 
 
