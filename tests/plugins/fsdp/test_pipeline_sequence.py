@@ -83,6 +83,7 @@ def _sequence(r: dict, tmp_path: Path, world: int) -> None:
     dp = world // 2
     assert r["mesh"] == [["data_parallel", "sequence", "tensor_parallel"], [dp, 2, 1]]
     assert r["sampler"] == [dp, 0]  # sequence peers read the same samples
+    assert r["axes"] == [["data_parallel", dp, "data_shard"], ["sequence", 2, "sequence"], ["tensor_parallel", 1, "tensor"]]
     _close(r["steps"])  # SDPA and the user's attention through the all-to-all, unevenly ignored tokens, micro-batches
     assert "The sequence has 7 positions" in r["length_error"] and "multiple of 2" in r["length_error"]
     assert "`query` has 1 head(s)" in r["heads_error"]
@@ -114,6 +115,9 @@ def test_pipeline_and_sequence_times_data_parallel(tmp_path: Path) -> None:
     # (pipeline, data_parallel, tensor_parallel) coordinates, row-major; samplers split over the 2 data rows only.
     assert r["pipeline_coordinates"] == [[0, 0, 0], [0, 1, 0], [1, 0, 0], [1, 1, 0]]
     assert r["pipeline_sampler"] == [2, 0]
+    # The topology publishes the mesh's axes with their roles; only the data axis splits the data.
+    assert r["pipeline_axes"] == [["pipeline", 2, "pipeline"], ["data_parallel", 2, "data_shard"], ["tensor_parallel", 1, "tensor"]]
+    assert r["pipeline_data_parallel"] == [2, 0, 0]
     _close(r["pp2_dp2"])
     assert r["pp2_dp2"]["sharded"]  # every stage's parameters are FSDP2 shards over its data rows
     _sequence(r, tmp_path, world=4)

@@ -226,6 +226,9 @@ def data_parallel_checks(world: int, result: dict) -> None:
     fabric = Fabric(accelerator="cpu", devices=world, strategy=strategy)
     fabric.launch()
     result["pipeline_coordinates"] = fabric.all_gather(torch.tensor(list(strategy.coordinates().values()))).tolist()
+    topology = fabric.topology
+    result["pipeline_axes"] = [[a.name, a.size, a.role] for a in topology.axes]
+    result["pipeline_data_parallel"] = [topology.data_parallel_size, topology.data_parallel_rank, strategy.data_parallel_rank]
     result["pipeline_sampler"] = [strategy.distributed_sampler_kwargs["num_replicas"], strategy.distributed_sampler_kwargs["rank"]]
     torch.manual_seed(0)
     model, reference = Net(), Net()

@@ -136,6 +136,7 @@ def sequence_checks(world: int, result: dict) -> None:
     result["mesh"] = [list(mesh.mesh_dim_names), list(mesh.shape)]
     result["coordinates"] = fabric.all_gather(torch.tensor(list(strategy.coordinates().values()))).tolist()
     result["sampler"] = [strategy.distributed_sampler_kwargs["num_replicas"], strategy.distributed_sampler_kwargs["rank"]]
+    result["axes"] = [[a.name, a.size, a.role] for a in fabric.topology.axes]
     torch.manual_seed(0)
     model, reference = TinyLM(), TinyLM()
     reference.load_state_dict(model.state_dict())
