@@ -98,7 +98,8 @@ def render(result: dict[str, Any], ctx: RenderContext) -> str:
         f" {sd['round_steps']} steps; steps/s from each repetition's median round). Bubble: the share of a raw round"
         " each rank spends outside its stages' forward and backward (mean of the 2 ranks), beside the schedule's ideal"
         " (p-1)/(v m + p-1) for p ranks, m micro-batches, v stages per rank; on CPU the sends and receives of gloo and"
-        f" the other process on the machine add to it. Load average before/after: {result['load_average']}."
+        " the other processes on the machine add to it (1-minute load average"
+        f" {result['load_average']['before'][0]} before, {result['load_average']['after'][0]} after, on 2 cores)."
     )
     lines.append("")
     rows = []

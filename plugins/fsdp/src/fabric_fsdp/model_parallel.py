@@ -595,6 +595,11 @@ class ModelParallelStrategy(ShardedStrategy):
         group = self.device_mesh.get_group(PIPELINE_DIM)
         return clip_grad_norm(params, float(max_norm), float(norm_type), error_if_nonfinite, group=group)
 
+    def teardown(self) -> None:
+        """What the sharded strategies release, then the mesh (its process groups go with the default group)."""
+        super().teardown()
+        self._mesh = None
+
     def __repr__(self) -> str:
         shape = f"({self._data_parallel_size!r}, {self._tensor_parallel_size!r})"
         extra = "".join(
