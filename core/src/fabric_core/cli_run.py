@@ -31,6 +31,7 @@ This module imports torch only when a run really starts.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
 import sys
@@ -38,8 +39,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, make_dataclass
 from typing import Any
 
-from fabric_core.connector import CLI_FLAG, CLI_SETTINGS
 from fabric_core.environments import torchrun_variables
+from fabric_core.launchers.base import CLI_FLAG, CLI_SETTINGS
 from fabric_core.utilities.topology import threads_per_process
 
 DEFAULT_MAIN_PORT = 29400
@@ -393,6 +394,14 @@ def script_launcher(args: RunArgs) -> type | None:
         dist = registry.distribution_for("launcher", name)
         if cls is None and dist is not None:
             message += f" {registry.install_hint(dist)}"
+        elif cls is None:  # a typo of a script launcher's name, installed or not (`fabric run --launcher rya`)
+            installed = set(registry.all_names("launcher"))
+            hinted = [h.pattern for h in registry.hints if h.kind == "launcher" and not h.is_pattern and h.pattern not in installed]
+            close = difflib.get_close_matches(name.lower(), [*valid, *hinted], n=1, cutoff=0.5)
+            if close:
+                message += f" Did you mean {close[0]!r}?"
+                if close[0] not in valid and registry.distribution_for("launcher", close[0]) is not None:
+                    message += f" {registry.install_hint(registry.distribution_for('launcher', close[0]))}"
         raise CLIError(message)
     given = [_BY_DEST[dest].flags[0] for dest in _NODE_LOCAL if getattr(args, dest) != _BY_DEST[dest].default]
     given += [o.flags[0] for o in ELASTIC_OPTIONS if o.dest not in ("max_restarts", "monitor_interval") and getattr(args, o.dest) != o.default]
@@ -527,11 +536,12 @@ def run_main(args: RunArgs) -> int:
 def report_failed_workers(err: Any) -> int:
     """Print which worker failed first, with its own error (torchrun's summary may name a peer that only lost its
     connection), and return the exit status of the command: that worker's."""
+    from fabric_core.launchers.processes import exit_status
     from fabric_core.runtime import failures
 
     found = []
     for rank, failure in sorted(err.failures.items()):
-        code = failure.exitcode if failure.exitcode >= 0 else 128 - failure.exitcode
+        code = exit_status(failure.exitcode)
         error = failures.read_error_file(failure.error_file)
         label = f"Rank {rank} (local rank {failure.local_rank}, pid {failure.pid})"
         found.append(failures.RankFailure(label, None, code, error))

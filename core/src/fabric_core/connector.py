@@ -11,6 +11,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from fabric_core.launchers.base import CLI_FLAG, CLI_SETTINGS
 from fabric_core.plugins.host import find_checkpoint_reader, get_registry
 
 if TYPE_CHECKING:
@@ -21,16 +22,6 @@ if TYPE_CHECKING:
     from fabric_core.precision.base import Precision
     from fabric_core.strategies.base import Strategy
 
-#: Set by ``fabric run`` in every process it starts.
-CLI_FLAG = "FABRIC_CLI_USED"
-#: The ``Fabric(...)`` argument each variable that ``fabric run`` sets stands for (read by :func:`apply_cli_settings`).
-CLI_SETTINGS = {
-    "accelerator": "FABRIC_ACCELERATOR",
-    "strategy": "FABRIC_STRATEGY",
-    "devices": "FABRIC_DEVICES",
-    "num_nodes": "FABRIC_NUM_NODES",
-    "precision": "FABRIC_PRECISION",
-}
 _DEFAULTS = {"accelerator": "auto", "strategy": "auto", "devices": "auto", "num_nodes": 1, "precision": None}
 _CLI_OPTION = {"num_nodes": "--num-nodes"}
 
@@ -58,6 +49,7 @@ def apply_cli_settings(args: dict[str, Any]) -> dict[str, Any]:
     the process (``FABRIC_CLI_USED=1``), so a stray variable in a shell never silently changes a run.
     """
     if not launched_by_cli():
+        _warn_ungated_settings()
         return args
     from fabric_core.accelerators.base import Accelerator
     from fabric_core.strategies.base import Strategy
@@ -79,6 +71,23 @@ def apply_cli_settings(args: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(given, (Strategy, Accelerator)):
             out[key] = cli_value
     return out
+
+
+def _warn_ungated_settings() -> None:
+    """``FABRIC_*`` settings in a process ``fabric run`` did not start are ignored (the gate above): say so, since a
+    launcher that forgot the gate would otherwise run every process as a job of its own without a word."""
+    present = [f"{var}={os.environ[var]}" for var in CLI_SETTINGS.values() if var in os.environ]
+    if not present:
+        return
+    from fabric_core.utilities.rank_zero import rank_zero_warn
+
+    rank_zero_warn(
+        f"{', '.join(present)} {'is' if len(present) == 1 else 'are'} set, but `Fabric(...)` takes the `FABRIC_*`"
+        f" settings only in a process that `fabric run` started ({CLI_FLAG}=1), so {'it is' if len(present) == 1 else 'they are'}"
+        " ignored here. A launcher that starts processes for `fabric run` sets the gate with everything else"
+        " (`ScriptRequest.process_environment`); otherwise pass the values to `Fabric(...)` or unset the variables.",
+        stacklevel=4,
+    )
 
 
 def apply_torchrun_variables(args: dict[str, Any]) -> dict[str, Any]:

@@ -89,6 +89,10 @@ def test_launcher_errors_list_what_works(use_registry, script: Path, capsys):
         return capsys.readouterr().err
 
     assert "--launcher 'nope' is not registered. `fabric run --launcher` takes: torchrun, local_test." in error("--launcher", "nope")
+    assert "is not registered. `fabric run --launcher` takes: torchrun, local_test. Did you mean 'local_test'?" in error(
+        "--launcher", "local_tset"
+    )
+    assert "Did you mean" not in error("--launcher", "nope")
     assert "--launcher 'spawn' runs a function in processes of its own, not a script" in error("--launcher", "spawn")
     message = error("--launcher", "local_test", "--strategy", "parallel_test", "--node-rank", "1", "--num-nodes", "2", "--rdzv-backend", "c10d")
     assert "--node-rank, --rdzv-backend: torchrun's options" in message and "--local-test-KEY VALUE" in message

@@ -1,4 +1,4 @@
-"""Launchers: how the processes of a multi-process run are started, and how a failed rank is reported.
+"""Launchers: how the processes of a multi-process run are started and stopped, and how a failed rank is reported.
 
 Part of the plugin SDK: the names in ``__all__`` are the stable contract plugins (ours and third parties') import,
 listed in docs/plugins.md; every other module of the core is internal and may change. The names are imported on
@@ -15,9 +15,15 @@ __all__ = [
     "RankFailure",
     "RecordedError",
     "ScriptRequest",
+    "die_with_parent",
+    "exit_status",
     "job_exit_code",
+    "new_process_group",
+    "parent_death_signal",
     "read_error_file",
     "report_failures",
+    "signal_process_group",
+    "stop_processes",
 ]
 
 __getattr__, __dir__ = lazy_exports(
@@ -26,6 +32,12 @@ __getattr__, __dir__ = lazy_exports(
     {
         "Launcher": "fabric_core.launchers.base",
         "ScriptRequest": "fabric_core.launchers.base",
+        "die_with_parent": "fabric_core.launchers.processes",
+        "exit_status": "fabric_core.launchers.processes",
+        "new_process_group": "fabric_core.launchers.processes",
+        "parent_death_signal": "fabric_core.launchers.processes",
+        "signal_process_group": "fabric_core.launchers.processes",
+        "stop_processes": "fabric_core.launchers.processes",
         "ERROR_FILE_VARIABLE": "fabric_core.runtime.failures",
         "RankFailure": "fabric_core.runtime.failures",
         "RecordedError": "fabric_core.runtime.failures",

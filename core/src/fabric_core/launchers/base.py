@@ -1,7 +1,8 @@
-"""The launcher contract."""
+"""The launcher contract, and what ``fabric run`` hands a script launcher (:class:`ScriptRequest`)."""
 
 from __future__ import annotations
 
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -9,6 +10,18 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fabric_core.strategies.base import Strategy
+
+#: Set by ``fabric run`` (and :meth:`ScriptRequest.process_environment`) in every process it starts: the gate of the
+#: ``FABRIC_*`` settings below, which ``Fabric(...)`` takes only where it is ``1``.
+CLI_FLAG = "FABRIC_CLI_USED"
+#: The ``Fabric(...)`` argument each variable that ``fabric run`` sets stands for.
+CLI_SETTINGS = {
+    "accelerator": "FABRIC_ACCELERATOR",
+    "strategy": "FABRIC_STRATEGY",
+    "devices": "FABRIC_DEVICES",
+    "num_nodes": "FABRIC_NUM_NODES",
+    "precision": "FABRIC_PRECISION",
+}
 
 
 def start_method_hint(strategy: Strategy, start_method: str) -> str:
@@ -65,9 +78,9 @@ class ScriptRequest:
     """What ``fabric run --launcher NAME`` asks a script launcher to run (see :attr:`Launcher.runs_scripts`).
 
     The launcher starts ``processes_per_node * num_nodes`` processes wherever it places them, runs SCRIPT (or, with
-    ``module``, ``python -m SCRIPT``) with ``script_args`` in each, with ``environment`` set there (the CLI's
-    ``FABRIC_*`` settings, so ``Fabric(...)`` in the script takes them) plus the rank and rendezvous variables the
-    launcher chooses; it streams their output and returns the job's exit status.
+    ``module``, ``python -m SCRIPT``) with ``script_args`` in each, started with :meth:`process_environment` (the
+    CLI's settings and their gate, and the rank and rendezvous variables of that process); it streams their output
+    and returns the job's exit status.
     """
 
     script: str
@@ -76,7 +89,35 @@ class ScriptRequest:
     processes_per_node: int
     num_nodes: int
     max_restarts: int
-    #: variables to set in every process (``FABRIC_CLI_USED``, ``FABRIC_DEVICES``, ``OMP_NUM_THREADS``, ...)
+    #: the CLI's variables for every process (``FABRIC_CLI_USED``, ``FABRIC_DEVICES``, ``OMP_NUM_THREADS``, ...)
     environment: dict[str, str] = field(default_factory=dict)
     #: the launcher's own options, ``--NAME-KEY VALUE`` on the command line (``KEY`` with ``_`` for ``-``)
     options: dict[str, str] = field(default_factory=dict)
+    #: the job's rendezvous id (``TORCHELASTIC_RUN_ID``): the same for every process and every restart
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+    def process_environment(
+        self, node_rank: int, local_rank: int, main_address: str, main_port: int, *, restart: int = 0
+    ) -> dict[str, str]:
+        """Every variable the process ``local_rank`` on node ``node_rank`` must be started with, on top of its
+        node's environment: the CLI's settings (:attr:`environment`) with their gate ``FABRIC_CLI_USED=1``, and what
+        torchrun would give it (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``,
+        ``NODE_RANK``, ``MASTER_ADDR``/``MASTER_PORT`` where rank 0 listens, ``TORCHELASTIC_RUN_ID``,
+        ``TORCHELASTIC_RESTART_COUNT`` = ``restart``, ...). ``Fabric(...)`` in the script then joins the job as it
+        does under ``fabric run`` with torchrun."""
+        from fabric_core.utilities.topology import Topology
+
+        if not 0 <= node_rank < self.num_nodes or not 0 <= local_rank < self.processes_per_node:
+            raise ValueError(
+                f"Process (node_rank={node_rank}, local_rank={local_rank}) is not part of this job of {self.num_nodes}"
+                f" node(s) x {self.processes_per_node} process(es)."
+            )
+        topology = Topology(self.num_nodes, self.processes_per_node, node_rank, local_rank)
+        return {
+            **self.environment,
+            CLI_FLAG: "1",
+            **topology.environment(main_address, main_port, torchrun=True),
+            "TORCHELASTIC_RUN_ID": self.run_id,
+            "TORCHELASTIC_RESTART_COUNT": str(restart),
+            "TORCHELASTIC_MAX_RESTARTS": str(self.max_restarts),
+        }

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fabric_core.launchers.base import Launcher, start_method_hint
+from fabric_core.launchers.processes import die_with_parent, exit_status, stop_processes
 from fabric_core.runtime import failures
 from fabric_core.runtime.process_group import abandon_at_exit, release_process_group
 from fabric_core.runtime.run import job_environment
@@ -102,7 +103,7 @@ class MultiProcessingLauncher(Launcher):
         except BaseException:
             # Ctrl-C or SIGTERM (turned into an exception) reached only this process, or a worker failed: the others
             # must not keep the job alive (the caller would wait on them at exit).
-            _stop_workers(process_context.processes)
+            stop_processes(process_context.processes)
             raise
         finally:
             shutil.rmtree(error_dir, ignore_errors=True)
@@ -127,7 +128,7 @@ def _join(process_context: Any, results: Any, output: list[Any], error_dir: str)
             output.append(results.get())
         codes = [p.exitcode for p in processes]
         if any(code not in (None, 0) for code in codes):
-            _stop_workers(processes)
+            stop_processes(processes)
             raise _failure(process_context, [i for i, code in enumerate(codes) if code not in (None, 0)], error_dir)
         if all(code == 0 for code in codes):
             process_context.join()  # lets torch release what it holds for the workers
@@ -167,7 +168,7 @@ def _failure(process_context: Any, exited: list[int], error_dir: str) -> Excepti
         error = _spawn_error(process_context.error_files[index]) or failures.read_error_file(_error_file(error_dir, index))
         if index in exited or error is not None:
             code = process.exitcode or 1
-            found.append((index, failures.RankFailure(f"Process {index}", process.pid, code if code > 0 else 128 - code, error)))
+            found.append((index, failures.RankFailure(f"Process {index}", process.pid, exit_status(code), error)))
     order = failures.first_failures([f for _, f in found])
     root = order[0]
     index = next(i for i, f in found if f is root)
@@ -211,22 +212,6 @@ def _check_picklable(function: Callable[..., Any], start_method: str, strategy: 
         ) from err
 
 
-def _stop_workers(processes: list[Any], grace: float = 5.0) -> None:
-    """SIGTERM every live worker, then SIGKILL what is left after ``grace`` seconds."""
-    import time
-
-    live = [p for p in processes if p.is_alive()]
-    for p in live:
-        p.terminate()
-    deadline = time.monotonic() + grace
-    for p in live:
-        p.join(timeout=max(0.0, deadline - time.monotonic()))
-    for p in live:
-        if p.is_alive():
-            p.kill()
-            p.join(timeout=1.0)
-
-
 def _check_can_fork(strategy: ProcessPerDevice) -> None:
     import torch
 
@@ -252,8 +237,6 @@ def _worker(
     job: dict[str, str],
 ) -> None:
     """What each worker runs: take its rank, restore the caller's global state, run, report rank 0's result."""
-    from fabric_core.launchers.subprocess_script import die_with_parent
-
     # No orphans: if the caller is killed, its workers go too (a forkserver is their parent: do not compare).
     die_with_parent(caller_pid if os.getppid() == caller_pid else None)
     os.environ[failures.ERROR_FILE_VARIABLE] = _error_file(error_dir, process_idx)

@@ -26,8 +26,6 @@ DataLoader workers), and a Ctrl-C in the terminal reaches the children once, thr
 from __future__ import annotations
 
 import atexit
-import ctypes
-import ctypes.util
 import os
 import shutil
 import signal
@@ -41,6 +39,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from fabric_core.launchers import processes
 from fabric_core.launchers.base import Launcher, start_method_hint
 from fabric_core.runtime import failures, hang
 from fabric_core.runtime.process_group import release_process_group
@@ -54,8 +53,6 @@ if TYPE_CHECKING:
 
 #: Set to "1" in every process this launcher starts.
 CHILD_FLAG = "FABRIC_LAUNCHER_CHILD"
-#: Seconds between SIGTERM and SIGKILL when the job is torn down (override with FABRIC_TERMINATE_GRACE).
-DEFAULT_GRACE_S = 5.0
 _POLL_S = 0.05
 
 
@@ -91,62 +88,9 @@ def _interpreter_flags() -> list[str]:
     return list(flags()) if callable(flags) else []
 
 
-def _exit_code(returncode: int) -> int:
-    """A shell-style exit status: a child killed by signal N counts as 128 + N."""
-    return returncode if returncode >= 0 else 128 - returncode
-
-
 def error_file(error_dir: str, local_rank: int) -> str:
     """Where the child of ``local_rank`` writes its uncaught exception (see :mod:`fabric_core.runtime.failures`)."""
     return os.path.join(error_dir, f"local-rank-{local_rank}.json")
-
-
-def _grace_period() -> float:
-    try:
-        return float(os.environ.get("FABRIC_TERMINATE_GRACE", DEFAULT_GRACE_S))
-    except ValueError:
-        return DEFAULT_GRACE_S
-
-
-def _load_prctl() -> Callable[..., int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        return libc.prctl
-    except (OSError, AttributeError):
-        return None
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _parent_death_signal() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that asks Linux to SIGKILL the child when its parent dies, or ``None`` elsewhere.
-
-    libc is resolved here, in the parent, so the child only makes one foreign call between fork and exec.
-    """
-    prctl = _load_prctl()
-    if prctl is None:
-        return None
-    parent = os.getpid()
-
-    def set_pdeathsig() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return set_pdeathsig
-
-
-def die_with_parent(parent_pid: int | None = None) -> None:
-    """From inside a child: be SIGKILLed by Linux when the parent process dies (a no-op elsewhere)."""
-    prctl = _load_prctl()
-    if prctl is None:
-        return
-    prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    if parent_pid is not None and os.getppid() != parent_pid:
-        os._exit(1)
 
 
 def _flush() -> None:
@@ -187,40 +131,9 @@ class _ChildGroup:
             if self._terminated:
                 return
             self._terminated = True
-            grace = _grace_period() if grace is None else grace
-            running = [p for p in self.processes if p.poll() is None]
-            for process in running:
-                self._signal(process, signal.SIGTERM)
-            deadline = time.monotonic() + grace
-            for process in running:
-                try:
-                    process.wait(timeout=max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    pass
-            for process in self.processes:
-                # Also after a clean exit: grandchildren left in the group (DataLoader workers) go too.
-                self._signal(process, signal.SIGKILL)
-            for process in self.processes:
-                try:
-                    process.wait(timeout=max(grace, 1.0))
-                except subprocess.TimeoutExpired:
-                    pass
+            processes.stop_processes(self.processes, grace)
             if self.error_dir is not None:
                 shutil.rmtree(self.error_dir, ignore_errors=True)
-
-    @staticmethod
-    def _signal(process: subprocess.Popen, signum: int) -> None:
-        try:
-            if not hasattr(os, "killpg"):
-                raise OSError("no process groups on this platform")
-            os.killpg(process.pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
-        except OSError:
-            try:
-                process.send_signal(signum)
-            except OSError:
-                pass
 
     def _abort(self, code: int, report: str) -> None:
         """End the whole job now, from any thread: report, stop the children, then leave without unwinding."""
@@ -253,7 +166,7 @@ class _ChildGroup:
                 if code == 0:
                     continue
             if code is not None or (raised and error is not None):
-                exit_code = _exit_code(code) if code is not None else 1
+                exit_code = processes.exit_status(code) if code is not None else 1
                 found.append(failures.RankFailure(f"Local rank {rank}", process.pid, exit_code, error))
         return found
 
@@ -389,7 +302,7 @@ class _ChildGroup:
     def _forward(self, signum: int) -> None:
         for process in self.processes:
             if process.poll() is None:
-                self._signal(process, signum)
+                processes.signal_process_group(process, signum)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         previous = self._previous_handlers.get(signum)
@@ -473,33 +386,28 @@ class SubprocessScriptLauncher(Launcher):
         # Fix the rendezvous in this process first, so rank 0 and the children agree on the (free) port.
         rank_zero_env = self._topology(env, 0).environment(env.main_address, env.main_port)
         self._export(rank_zero_env, ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "WORLD_SIZE"))
-        preexec = _parent_death_signal()
-        group_kwargs: dict[str, Any] = {}
-        if os.name == "posix":
-            group_kwargs = (
-                {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
-            )
-        processes: list[subprocess.Popen] = []
+        preexec = processes.parent_death_signal()
+        children: list[subprocess.Popen] = []
         ranks = list(range(1, self.num_processes))
         error_dir = tempfile.mkdtemp(prefix="fabric-errors-")
         try:
             for local_rank in ranks:
                 child_env = self.child_environment(env, local_rank)
                 child_env[failures.ERROR_FILE_VARIABLE] = error_file(error_dir, local_rank)
-                processes.append(
+                children.append(
                     subprocess.Popen(  # noqa: S603 (the user's own command line)
                         command,
                         env=child_env,
                         preexec_fn=preexec,
-                        **group_kwargs,
+                        **processes.new_process_group(),
                     )
                 )
-        except BaseException:
-            _ChildGroup(processes, ranks[: len(processes)], error_dir).terminate(grace=1.0)
+        except BaseException:  # Ctrl-C between two starts too: the children started so far must not outlive us
+            _ChildGroup(children, ranks[: len(children)], error_dir).terminate(grace=1.0)
             raise
         # From now on this process is local rank 0 of a complete set of launcher variables: a later `launch()` must
         # not start more children, and a later Fabric in this process sees a consistent job.
         self._export(rank_zero_env, ("LOCAL_RANK", "RANK"))
-        self.children = _ChildGroup(processes, ranks, error_dir)
-        if processes:
+        self.children = _ChildGroup(children, ranks, error_dir)
+        if children:
             self.children.install()

@@ -257,9 +257,11 @@ class Topology:
         values = self.environment(main_address, main_port)
         return export_variables({key: values[key] for key in (values if keys is None else keys)})
 
-    def environment(self, main_address: str, main_port: int) -> dict[str, str]:
-        """The variables a process of this job is started with (what torchrun exports, plus ``NODE_RANK``)."""
-        return {
+    def environment(self, main_address: str, main_port: int, *, torchrun: bool = False) -> dict[str, str]:
+        """The variables a process of this job is started with (what torchrun exports, plus ``NODE_RANK``). With
+        ``torchrun``, also what torchrun's agent exports beside them (``GROUP_RANK``, ``ROLE_*``), for a launcher that
+        stands in for it: the started process then finds what it would find under torchrun."""
+        values = {
             "LOCAL_RANK": str(self.local_rank),
             "NODE_RANK": str(self.node_rank),
             "RANK": str(self.global_rank),
@@ -268,3 +270,12 @@ class Topology:
             "MASTER_ADDR": main_address,
             "MASTER_PORT": str(main_port),
         }
+        if torchrun:
+            values.update(
+                GROUP_RANK=str(self.node_rank),
+                GROUP_WORLD_SIZE=str(self.num_nodes),
+                ROLE_RANK=str(self.global_rank),
+                ROLE_WORLD_SIZE=str(self.world_size),
+                ROLE_NAME="default",
+            )
+        return values

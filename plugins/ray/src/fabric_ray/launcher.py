@@ -30,26 +30,30 @@ import ipaddress
 import os
 import queue
 import re
-import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from fabric_core.environments import find_free_port
 from fabric_core.launchers import (
     ERROR_FILE_VARIABLE,
     Launcher,
     RankFailure,
     RecordedError,
     ScriptRequest,
+    exit_status,
     job_exit_code,
+    new_process_group,
+    parent_death_signal,
     read_error_file,
     report_failures,
+    stop_processes,
 )
+from fabric_core.strategies import Topology
 
 #: Seconds a TCP connection to the cluster's address may take before the cluster counts as unreachable.
 CONNECT_TIMEOUT_S = 5.0
@@ -289,7 +293,7 @@ class _Job:
                 # Ray uploads a local folder only for the whole job; it starts every actor in its node's copy
                 runtime_env={"working_dir": self.working_dir} if self.working_dir else None,
             )
-        except Exception as err:
+        except Exception as err:  # ray.init raises what its connection, upload and runtime layers raise, typed by none
             upload = f" (or upload --ray-working-dir {self.working_dir!r})" if self.working_dir else ""
             raise LaunchError(f"cannot connect to Ray at {self.address or 'auto'!r}{upload}: {err}") from err
 
@@ -366,12 +370,12 @@ class _Job:
         worker = ray.remote(_Worker)
         self.ranks = []
         for node in range(nodes):
-            for local in range(per_node):
+            for local in range(per_node):  # global ranks node by node, as torchrun numbers them
                 options: dict[str, Any] = {
                     **actor_resources(self.gpu),
                     "scheduling_strategy": PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=node),
                 }
-                rank = _Rank(node * per_node + local, node, local)
+                rank = _Rank(len(self.ranks), node, local)
                 rank.actor = worker.options(**options).remote()
                 self.ranks.append(rank)
         info = ray.get([r.actor.describe.remote() for r in self.ranks], timeout=300)
@@ -379,27 +383,11 @@ class _Job:
         gpus_by_node: dict[int, list[str]] = {}
         for rank, found in zip(self.ranks, info):
             gpus_by_node.setdefault(rank.node, []).extend(found["gpus"])
-        run_id = uuid.uuid4().hex[:12]
-        world = per_node * nodes
         starts = []
         for rank, found in zip(self.ranks, info):
             env = {
                 **self.forwarded,
-                **self.request.environment,
-                "RANK": str(rank.rank),
-                "LOCAL_RANK": str(rank.local),
-                "WORLD_SIZE": str(world),
-                "LOCAL_WORLD_SIZE": str(per_node),
-                "GROUP_RANK": str(rank.node),
-                "GROUP_WORLD_SIZE": str(nodes),
-                "ROLE_RANK": str(rank.rank),
-                "ROLE_WORLD_SIZE": str(world),
-                "ROLE_NAME": "default",
-                "MASTER_ADDR": master_addr,
-                "MASTER_PORT": str(master_port),
-                "TORCHELASTIC_RUN_ID": run_id,
-                "TORCHELASTIC_RESTART_COUNT": str(attempt),
-                "TORCHELASTIC_MAX_RESTARTS": str(self.request.max_restarts),
+                **self.request.process_environment(rank.node, rank.local, master_addr, master_port, restart=attempt),
                 NODE_IP_VARIABLE: found["ip"],
             }
             if self.gpu:  # every local rank sees its node's GPUs, in local-rank order, as under torchrun
@@ -418,8 +406,8 @@ class _Job:
         worker = ray.remote(_FunctionWorker)
         self.ranks = []
         for node in range(nodes):
-            for local in range(per_node):
-                rank = _Rank(node * per_node + local, node, local)
+            for local in range(per_node):  # global ranks node by node
+                rank = _Rank(len(self.ranks), node, local)
                 rank.actor = worker.options(
                     **actor_resources(self.gpu),
                     scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=node),
@@ -429,8 +417,8 @@ class _Job:
         master_port = ray.get(self.ranks[0].actor.free_port.remote(), timeout=60)
         refs = {}
         for rank, found in zip(self.ranks, info):
-            env = {**self.forwarded, "MASTER_ADDR": info[0]["ip"], "MASTER_PORT": str(master_port),
-                   "NODE_RANK": str(rank.node), "LOCAL_RANK": str(rank.local), NODE_IP_VARIABLE: found["ip"]}  # fmt: skip
+            place = Topology(nodes, per_node, rank.node, rank.local)
+            env = {**self.forwarded, **place.environment(info[0]["ip"], master_port), NODE_IP_VARIABLE: found["ip"]}
             # one argument: pickled together, the function's Fabric and `strategy` stay one object in the actor
             refs[rank.actor.run.remote((strategy, function, args, kwargs), env, rank.local)] = rank
         result, pending = None, list(refs)
@@ -438,7 +426,7 @@ class _Job:
             done, pending = ray.wait(pending, num_returns=1)
             try:
                 value = ray.get(done[0])
-            except Exception:  # the first rank that failed: its own error (RayTaskError carries its traceback)
+            except ray.exceptions.RayError:  # the first rank that failed: its own error (RayTaskError: its traceback)
                 self._kill_actors()
                 raise
             if refs[done[0]].rank == 0:
@@ -465,7 +453,7 @@ class _Job:
             for rank, ref in zip(live, refs):
                 try:
                     lines, ended = ray.get(ref, timeout=120)
-                except Exception as err:  # the actor (its node) died, or the cluster went away
+                except (ray.exceptions.RayError, ConnectionError) as err:  # the actor (its node) died, or the cluster left
                     lines, ended = [], (1, RecordedError(f"the Ray worker died: {type(err).__name__}", str(err), time.time_ns()), False)
                 for stream, line in lines:
                     target = sys.stderr if stream == 2 else sys.stdout
@@ -495,12 +483,14 @@ class _Job:
         return job_exit_code(found)
 
     def _stop_all(self) -> None:
+        import ray
+
         for rank in self.ranks:
             if rank.actor is not None and rank.exit is None:
                 try:
                     rank.actor.stop.remote(STOP_GRACE_S)
-                except Exception:
-                    pass
+                except ray.exceptions.RayError:
+                    pass  # its actor is gone, and its script with it (PR_SET_PDEATHSIG)
 
     def _kill_actors(self) -> None:
         import ray
@@ -509,8 +499,8 @@ class _Job:
             if rank.actor is not None:
                 try:
                     ray.kill(rank.actor)
-                except Exception:
-                    pass
+                except (ray.exceptions.RayError, ValueError):
+                    pass  # already dead
                 rank.actor = None
 
     def release(self) -> None:
@@ -520,8 +510,8 @@ class _Job:
         if any(r.actor is not None for r in self.ranks):
             try:  # the children end with their actor's process (PR_SET_PDEATHSIG); give them the grace period
                 ray.get([r.actor.stop.remote(STOP_GRACE_S) for r in self.ranks if r.actor is not None], timeout=STOP_GRACE_S + 10)
-            except Exception:
-                pass
+            except ray.exceptions.RayError:
+                pass  # an actor that died (or did not answer in time) is killed below
         self._kill_actors()
         if self.group is not None:
             remove_placement_group(self.group)
@@ -545,9 +535,7 @@ class _Worker:
         return {"ip": ray.util.get_node_ip_address(), "gpus": [str(g) for g in ray.get_gpu_ids()], "pid": os.getpid()}
 
     def free_port(self) -> int:
-        with socket.socket() as s:
-            s.bind(("", 0))
-            return int(s.getsockname()[1])
+        return find_free_port()
 
     def start(self, command: list[str], env: dict[str, str], cwd: str) -> int:
         import tempfile
@@ -560,8 +548,8 @@ class _Worker:
             cwd=cwd if os.path.isdir(cwd) else None,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=parent_death_signal(),  # no script outlives its actor (ray.kill, a lost node)
+            **new_process_group(),
         )
         for number, stream in ((1, self._process.stdout), (2, self._process.stderr)):
             reader = threading.Thread(target=self._read, args=(number, stream), daemon=True)
@@ -588,21 +576,15 @@ class _Worker:
                 break
         if not done:
             return lines, None
-        exit_code = code if code >= 0 else 128 - code
-        return lines, (exit_code, read_error_file(self._error_file), self._stopped)
+        return lines, (exit_status(code), read_error_file(self._error_file), self._stopped)
 
     def stop(self, grace: float) -> None:
-        """SIGTERM to the child's session, SIGKILL after ``grace`` seconds."""
+        """SIGTERM to the child's process group, SIGKILL after ``grace`` seconds."""
         process = self._process
         if process is None or process.poll() is not None:
             return
         self._stopped = True
-        _signal_group(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            _signal_group(process.pid, signal.SIGKILL)
-            process.wait(timeout=30)
+        stop_processes([process], grace)
 
 
 class _FunctionWorker:
@@ -617,6 +599,9 @@ class _FunctionWorker:
     describe = _Worker.describe
     free_port = _Worker.free_port
 
+    def stop(self, grace: float) -> None:
+        """Nothing to stop: the function runs in this actor, which the driver kills."""
+
     def run(self, payload: tuple, env: dict[str, str], local_rank: int) -> Any:
         from fabric_core.strategies import release_process_group
 
@@ -630,20 +615,3 @@ class _FunctionWorker:
         result = function(*args, **kwargs)
         release_process_group()
         return result if self.rank == 0 else None
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _die_with_parent() -> None:
-    """In the child: SIGKILL when the actor's process dies (``ray.kill``, a lost node), so no script outlives it."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
