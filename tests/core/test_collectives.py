@@ -118,3 +118,13 @@ def test_reduce_scatter_all_to_all_gather_object_and_monitored_barrier_equal_tor
         assert case["error"] is not None and "Rank 1 failed to pass monitoredBarrier" in case["error"], (who, case)
         assert case["seconds"] < 2.4, (who, case)  # ended by its own timeout, not by rank 1 arriving
     assert seen[0]["monitored_same_error"], late
+
+
+@pytest.mark.multiprocess
+def test_a_process_can_launch_again_after_a_teardown(tmp_path: Path):
+    """A second (and third) ``launch()`` in the same 4 processes, with the first group's device mesh still alive,
+    meets and computes: torch's own rendezvous would start a new store on the same port while the other ranks still
+    reach the old one (they failed with "Connection was likely closed" and rank 0 waited for ever)."""
+    run_ranks(Path(__file__).parent / "scripts" / "relaunch_job.py", str(tmp_path), world_size=4, timeout=180, tmp_path=tmp_path)
+    for rank in range(4):
+        assert (tmp_path / f"rank{rank}.txt").read_text().split("\n")[:3] == ["0 6", "1 10", "2 14"]

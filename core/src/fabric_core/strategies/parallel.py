@@ -60,6 +60,12 @@ def _dist() -> Any:
     return dist
 
 
+#: How many process groups this process has created (and the stores of those it destroyed, kept alive), so that a
+#: second ``launch()`` in the same process meets on keys of its own (see :func:`rendezvous_store`).
+_launches = 0
+_kept_stores: dict[tuple[str, int], Any] = {}
+
+
 def restart_attempt_store(address: str, port: int, world_size: int, timeout: timedelta | None) -> Any:
     """The store for this worker's process group when torchrun restarted it, with keys of this attempt only.
 
@@ -77,6 +83,38 @@ def restart_attempt_store(address: str, port: int, world_size: int, timeout: tim
     kwargs = {"timeout": timeout} if timeout is not None else {}
     store = dist.TCPStore(address, port, world_size, is_master=False, **kwargs)
     return dist.PrefixStore(f"/fabric/attempt_{attempt}", store)
+
+
+def rendezvous_store(address: str, port: int, world_size: int, timeout: timedelta | None) -> Any:
+    """The store this process's next process group meets on, or ``None`` for torch's own (``env://``).
+
+    Under torchrun's agent: its store, with keys of this attempt (:func:`restart_attempt_store`). A second group in
+    the same process (``launch()`` after a teardown, a second ``Fabric``) meets on the store of the group it
+    destroyed, kept alive for this, under keys of its own: torch's ``env://`` would start a new store server on the
+    same port while the other ranks may still reach the old one, closing down (4 ranks: "Connection was likely
+    closed" on the others and rank 0 waiting for ever). The first group uses torch's rendezvous unchanged.
+    """
+    global _launches
+    launch, _launches = _launches, _launches + 1
+    dist = _dist()
+    store = restart_attempt_store(address, port, world_size, timeout)
+    if store is None and launch > 0:
+        store = _kept_stores.get((address, port))
+    if store is None or launch == 0:
+        return store
+    return dist.PrefixStore(f"/fabric/launch_{launch}", store)
+
+
+def _keep_default_store() -> None:
+    """Keep the default group's store alive past ``destroy_process_group`` (see :func:`rendezvous_store`)."""
+    env_address, env_port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
+    getter = getattr(_dist().distributed_c10d, "_get_default_store", None)  # torch's; absent: nothing is kept
+    if getter is None or not env_address or not env_port.isdigit():
+        return
+    try:
+        _kept_stores[(env_address, int(env_port))] = getter()
+    except (RuntimeError, ValueError):  # no default group, or a group without a store (torch's rule): nothing to keep
+        pass
 
 
 class ProcessGroupCollectives(Collectives):
@@ -123,7 +161,7 @@ class ProcessGroupCollectives(Collectives):
         backend = self.get_process_group_backend()
         rank, world_size = env.global_rank(), env.world_size()
         rank_zero.fabric_log.info(f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/{world_size}")
-        store = restart_attempt_store(env.main_address, env.main_port, world_size, timeout)
+        store = rendezvous_store(env.main_address, env.main_port, world_size, timeout)
         if store is not None:
             kwargs["store"] = store
         dist.init_process_group(backend, rank=rank, world_size=world_size, **kwargs)
@@ -156,6 +194,7 @@ class ProcessGroupCollectives(Collectives):
         self._unlimited_group = None
         self._checkpoint_group = None
         if self._owns_process_group and dist.is_available() and dist.is_initialized():
+            _keep_default_store()
             dist.destroy_process_group()
             self._owns_process_group = False
 
