@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import platform
+import socket
 import statistics
 import subprocess
 import sys
@@ -198,6 +199,15 @@ def run_child(
     if returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited with {returncode}:\n{(''.join(tail) or stdout)[-3000:]}")
     return parse_result(stdout)
+
+
+def free_port() -> int:
+    """A TCP port on the loopback interface that is free now, for a job's rendezvous or a service the section starts
+    (the harness's one helper; fabric_core's ``find_free_port`` also honours ``STANDALONE_PORT``, which a benchmark
+    must not inherit)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 #: Variables a job must not inherit from the harness's environment: each launcher applies its own defaults.

@@ -11,7 +11,6 @@ for the cost to be shown. (What a failure costs the survivor is measured by
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,9 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import (
+    _JOB_CLEAN_ENV,
     REPO_ROOT,
     child_env,
     dist_version,
+    free_port,
     module_available,
     paired_ratios,
     rotated,
@@ -45,16 +46,10 @@ def unavailable() -> str | None:
     return None
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _job(way: str, cfg: dict[str, Any], work: Path) -> float:
     out = work / f"{way}-{time.monotonic_ns()}.json"
     env = child_env()
-    for key in ("OMP_NUM_THREADS", "MASTER_PORT", "MASTER_ADDR", "RANK", "LOCAL_RANK", "WORLD_SIZE", "FABRIC_CLI_USED"):
+    for key in _JOB_CLEAN_ENV:
         env.pop(key, None)
     env["OMP_NUM_THREADS"] = "1"  # both ways: one thread per process, torchrun's default
     command = [sys.executable, str(WORKER), "ft" if way == FT else "ddp", f"--steps={cfg['steps']}",
@@ -63,7 +58,7 @@ def _job(way: str, cfg: dict[str, Any], work: Path) -> float:
     procs: list[subprocess.Popen] = []
     try:
         if way == FT:
-            port = _port()
+            port = free_port()
             lighthouse = [str(Path(sys.executable).parent / "torchft_lighthouse"), "--bind", f"127.0.0.1:{port}",
                           "--min_replicas", "2", "--join_timeout_ms", "5000"]  # fmt: skip
             procs.append(subprocess.Popen(lighthouse, stdout=logs[0], stderr=subprocess.STDOUT))
@@ -72,7 +67,7 @@ def _job(way: str, cfg: dict[str, Any], work: Path) -> float:
                 procs.append(subprocess.Popen(command, env=group_env, stdout=logs[group + 1], stderr=subprocess.STDOUT, cwd=REPO_ROOT))
             waited = procs[1:]
         else:
-            env["MASTER_PORT"] = str(_port())
+            env["MASTER_PORT"] = str(free_port())
             procs.append(subprocess.Popen(command, env=env, stdout=logs[1], stderr=subprocess.STDOUT, cwd=REPO_ROOT))
             waited = procs
         for proc in waited:

@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,7 +21,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import REPO_ROOT, child_env, module_available, paired_ratios, rotated, summarize
+from benchmarks._common import (
+    REPO_ROOT,
+    child_env,
+    free_port,
+    module_available,
+    paired_ratios,
+    rotated,
+    summarize,
+)
 from benchmarks.report import stat, table
 from benchmarks.section import RenderContext, RunContext, Section, Target
 
@@ -41,12 +48,6 @@ def unavailable() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _ray_env(tmpdir: str) -> dict[str, str]:
     env = child_env({"RAY_TMPDIR": tmpdir, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1"})
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "FABRIC_CLI_USED", "RAY_ADDRESS"):
@@ -59,7 +60,7 @@ class _Cluster:
 
     def __init__(self) -> None:
         self.tmpdir = tempfile.mkdtemp(prefix="fb", dir="/tmp")  # short: Ray's socket paths live below it
-        self.address = f"{HEAD_IP}:{_free_port()}"
+        self.address = f"{HEAD_IP}:{free_port()}"
         ray = Path(sys.executable).parent / "ray"
         command = [str(ray), "start", "--head", "--node-ip-address", HEAD_IP, "--port", self.address.split(":")[1],
                    "--num-cpus", "2", "--num-gpus", "0", "--object-store-memory", str(100 * 1024 * 1024),
@@ -110,7 +111,7 @@ def _job(way: str, cluster: _Cluster, cfg: dict[str, Any], storage: str) -> dict
     args = [f"--{k}={cfg[k]}" for k in ("width", "layers", "batch", "warmup", "steps")] + [f"--t0={time.time()!r}"]
     fabric = [sys.executable, "-m", "fabric_core", "run", "--accelerator", "cpu", "--devices", "2"]
     if way == TORCHRUN:
-        command = [*fabric, "--main-port", str(_free_port()), str(WORKER), "loop", *args]
+        command = [*fabric, "--main-port", str(free_port()), str(WORKER), "loop", *args]
     elif way == LAUNCHER:
         command = [*fabric, "--launcher", "ray", str(WORKER), "loop", *args]
     else:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from benchmarks._common import (
     RAW,
     REPO_ROOT,
     child_env,
+    free_port,
     module_available,
     paired_ratios,
     parse_result,
@@ -52,12 +52,6 @@ def unavailable() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _fabric_cli() -> list[str]:
     script = Path(sys.executable).parent / "fabric"
     return [str(script), "run"] if script.exists() else [sys.executable, "-m", "fabric_core.cli_run"]
@@ -71,7 +65,7 @@ def job(impl: str, strategy: str, world: int, cfg: dict[str, Any], ckpt_dir: str
     if impl == RAW:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world)]
     else:
-        cmd = _fabric_cli() + ["--accelerator", "cpu", "--devices", str(world), "--main-port", str(_free_port())]
+        cmd = _fabric_cli() + ["--accelerator", "cpu", "--devices", str(world), "--main-port", str(free_port())]
         if strategy == "ddp":
             cmd += ["--strategy", "ddp"]
     env = child_env({"OMP_NUM_THREADS": "1"})

@@ -51,7 +51,7 @@ def test_several_processes_per_group_are_refused(group_env: None, kwargs: dict, 
 
 @pytest.mark.parametrize(
     ("group", "count", "match"),
-    [("2", "2", "between 0 and num_replica_groups - 1"), ("one", "2", "`REPLICA_GROUP_ID=one` must be an integer")],
+    [("2", "2", "between 0 and num_replica_groups - 1"), ("one", "2", "variable `REPLICA_GROUP_ID` must be an integer, got .one.")],
 )
 def test_a_bad_group_number_is_refused(monkeypatch: pytest.MonkeyPatch, group_env: None, group: str, count: str, match: str):
     monkeypatch.setenv("REPLICA_GROUP_ID", group)

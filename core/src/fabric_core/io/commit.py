@@ -33,11 +33,11 @@ import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from fabric_core.io import background, remote
 from fabric_core.io.background import CheckpointHandle, NotDurableError
-from fabric_core.io.coordination import Coordinator, publish_together
+from fabric_core.io.coordination import ALONE, Coordinator, publish_together
 from fabric_core.io.errors import unpicklable_value_error
 from fabric_core.io.location import CheckpointLocation
 
@@ -51,6 +51,7 @@ __all__ = [
     "atomic_save",
     "check_replaceable",
     "commit_directory",
+    "commit_file",
     "committed_folder",
     "commit_directory_async",
     "fsync_directory",
@@ -414,10 +415,11 @@ class _WrittenTemp:
             pass
 
 
-def _write_temp(obj: Any, target: Path, start_writeback: bool) -> _WrittenTemp:
-    """``torch.save`` into a fresh locked temporary file beside ``target`` (removing what killed saves left)."""
-    import torch
-
+def _write_temp(
+    target: Path, write: Callable[[Any], None], explain: Callable[[BaseException], BaseException | None]
+) -> _WrittenTemp:
+    """``write(file)`` into a fresh locked temporary file beside ``target`` (removing what killed saves left). On a
+    failure the file is removed and the error raised, or the clearer one ``explain(error)`` gives."""
     if target.is_dir():
         raise IsADirectoryError(f"Cannot save a checkpoint to {str(target)!r}: it is an existing directory.")
     parent = target.parent
@@ -426,25 +428,40 @@ def _write_temp(obj: Any, target: Path, start_writeback: bool) -> _WrittenTemp:
     fd, tmp_name = tempfile.mkstemp(prefix=temp_prefix(target), dir=parent)
     tmp_file = os.fdopen(fd, "wb")
     written = _WrittenTemp(tmp_file, tmp_name, target)
-    writer: _WritebackFile | None = None
     try:
         if fcntl is not None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # marks the file as being written (see leftovers)
-        writer = _WritebackFile(tmp_file, _load_sync_file_range() if start_writeback else None)
-        torch.save(obj, writer)
+        write(tmp_file)
         tmp_file.flush()
-    except BaseException as err:
-        # BaseException on purpose: Ctrl-C mid-save must not leave a multi-GB temporary file behind.
+    except BaseException as err:  # Ctrl-C mid-save too: no multi-GB temporary file may stay behind
         written.discard()
-        cause = writer.error if writer is not None and writer.error is not None else err
-        if _no_space(cause):
-            raise _no_space_error(target, cause) from err  # type: ignore[arg-type]
-        if isinstance(err, (pickle.PicklingError, TypeError, AttributeError)):
-            named = unpicklable_value_error(obj)  # which key holds a lambda, a generator, ...
-            if named is not None:
-                raise named from err
+        clearer = explain(err)
+        if clearer is not None:
+            raise clearer from err
         raise
     return written
+
+
+def _torch_save(obj: Any, target: Path, start_writeback: bool) -> _WrittenTemp:
+    """``torch.save(obj)`` into a temporary file beside ``target``, starting disk writeback early when asked; a full
+    disk and an unpicklable value get errors that say so."""
+    import torch
+
+    writers: list[_WritebackFile] = []
+
+    def write(file: Any) -> None:
+        writers.append(_WritebackFile(file, _load_sync_file_range() if start_writeback else None))
+        torch.save(obj, writers[0])
+
+    def explain(err: BaseException) -> BaseException | None:
+        cause = writers[0].error if writers and writers[0].error is not None else err
+        if _no_space(cause):
+            return _no_space_error(target, cause)  # type: ignore[arg-type]
+        if isinstance(err, (pickle.PicklingError, TypeError, AttributeError)):
+            return unpicklable_value_error(obj)  # which key holds a lambda, a generator, ...
+        return None
+
+    return _write_temp(target, write, explain)
 
 
 def _open_folder(folder: Path) -> int | None:
@@ -472,7 +489,7 @@ def atomic_save(obj: Any, path: str | os.PathLike, *, durable_in_background: boo
     """
     target = Path(os.fspath(path))
     background.wait_for_save(target)  # an earlier save of this path lands first (and its error surfaces here)
-    written = _write_temp(obj, target, start_writeback=not durable_in_background)
+    written = _torch_save(obj, target, start_writeback=not durable_in_background)
     written.replace_target(sync_first=not durable_in_background)
     folder_fd = _open_folder(target.parent)
     if durable_in_background:
@@ -491,11 +508,39 @@ def save_file(obj: Any, location: CheckpointLocation, storage_options: dict[str,
         atomic_save(obj, location.path)
 
 
+def commit_file(
+    target: CheckpointLocation | str | os.PathLike,
+    write: Callable[[BinaryIO], None],
+    storage_options: dict[str, Any] | None = None,
+) -> None:
+    """Write one file at ``target`` with ``write(file)`` (any writer: ``numpy.savez``, ``json.dump`` of encoded text,
+    ``safetensors``' bytes), whole or not at all: a format's crash-safe file, whatever it holds.
+
+    On a local disk ``write`` fills a locked hidden temporary file beside ``target``, which is ``fsync``'d and renamed
+    over it (as :func:`atomic_save` does for ``torch.save``); at a URL what ``write`` wrote is one upload. When this
+    returns the complete new file is at ``target`` (and durable, locally); on any failure, ``KeyboardInterrupt``
+    included, the previous file is intact and the temporary one removed; what a killed write left is removed by the
+    next write of ``target``. ``file`` is a binary file object (``write``, ``flush``; locally also ``seek``/``tell``).
+    """
+    location = CheckpointLocation.of(target)
+    if location.is_url:
+        remote.write(location.url, write, storage_options)
+        return
+    path = location.path
+    background.wait_for_save(path)  # an earlier save of this path lands first
+    written = _write_temp(path, write, lambda err: _no_space_error(path, err) if _no_space(err) else None)  # type: ignore[arg-type]
+    written.replace_target(sync_first=True)
+    written.make_durable(_open_folder(path.parent), synced=True)
+
+
 # ---------------------------------------------------------------------------------------------------------- folders
 def commit_directory(
-    target: CheckpointLocation | str | os.PathLike, write: Callable[[CheckpointLocation], None], coordinator: Coordinator
+    target: CheckpointLocation | str | os.PathLike,
+    write: Callable[[CheckpointLocation], None],
+    coordinator: Coordinator | None = None,
 ) -> None:
-    """Write a checkpoint folder on every rank, crash-safely, and publish it when every rank succeeded.
+    """Write a checkpoint folder on every rank, crash-safely, and publish it when every rank succeeded. Without a
+    ``coordinator``, this process writes it alone.
 
     1. Rank 0 prepares where the ranks write and tells every rank (so all agree even if they were given different
        paths): locally, a hidden temporary directory beside ``target`` (after removing what killed saves left);
@@ -511,6 +556,7 @@ def commit_directory(
     traceback); if only other ranks failed, a ``CheckpointSaveError`` names them and their errors. The previous
     checkpoint at ``target`` is untouched by a failed save.
     """
+    coordinator = coordinator if coordinator is not None else ALONE
     staged = _stage(CheckpointLocation.of(target), coordinator)
     error: Exception | None = None
     try:

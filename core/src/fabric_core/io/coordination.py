@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from fabric_core.io.errors import CheckpointSaveError
 
-__all__ = ["CheckpointSaveError", "Coordinator", "publish_together"]
+__all__ = ["ALONE", "CheckpointSaveError", "Coordinator", "publish_together"]
 
 #: How much of an error's text travels to the other ranks (a long message is cut there).
 _MAX_ERROR_TEXT = 2000
@@ -42,6 +42,25 @@ class Coordinator(Protocol):
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool: ...
 
     def all_gather_object(self, obj: Any) -> list[Any]: ...
+
+
+class _Alone:
+    """The coordinator of a save that one process makes by itself: it leads, and every vote is its own."""
+
+    is_global_zero = True
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        return obj
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        return decision
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        return [obj]
+
+
+#: :class:`Coordinator` of a process that saves alone (``commit_directory(location, write)``).
+ALONE: Coordinator = _Alone()
 
 
 def publish_together(error: Exception | None, coordinator: Coordinator, publish: Callable[[], None], target: str) -> None:

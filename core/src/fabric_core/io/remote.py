@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,7 @@ __all__ = [
     "save",
     "stage_version",
     "upload_folder",
+    "write",
 ]
 
 _CHUNK = 8 << 20
@@ -75,16 +77,21 @@ def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple
     return fs, path
 
 
-def save(obj: Any, url: str, storage_options: dict[str, Any] | None = None) -> None:
-    """``torch.save`` to ``url`` in one upload (see the module docstring for what the store guarantees)."""
-    import torch
-
+def write(url: str, writer: Callable[[Any], None], storage_options: dict[str, Any] | None = None) -> None:
+    """``writer(file)`` to ``url`` in one upload (see the module docstring for what the store guarantees)."""
     fs, path = filesystem(url, storage_options)
     parent = path.rsplit("/", 1)[0] if "/" in path else ""
     if parent:
         fs.makedirs(parent, exist_ok=True)
     with fs.open(path, "wb") as file:
-        torch.save(obj, file)
+        writer(file)
+
+
+def save(obj: Any, url: str, storage_options: dict[str, Any] | None = None) -> None:
+    """``torch.save`` to ``url`` in one upload."""
+    import torch
+
+    write(url, lambda file: torch.save(obj, file), storage_options)
 
 
 def load(url: str, map_location: Any, weights_only: bool, storage_options: dict[str, Any] | None = None) -> Any:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -12,7 +10,7 @@ import torch
 from torch.nn import Module
 
 from fabric_core.precision import Precision
-from fabric_core.utilities import rank_zero_info, rank_zero_warn
+from fabric_core.utilities import import_package, missing_package, rank_zero_info, rank_zero_warn
 
 #: torchao's float8 training recipes (``Float8LinearConfig.from_recipe_name``)
 RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
@@ -22,13 +20,7 @@ TORCHAO_REQUIREMENT = "torchao==0.18.0"
 
 def import_torchao(module: str = "torchao") -> Any:
     """A torchao module, or an ``ImportError`` that gives the install line."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as err:
-        raise ModuleNotFoundError(
-            f"fabric-ao needs the `torchao` package, which could not be imported ({err})."
-            f' Install it with `pip install "{TORCHAO_REQUIREMENT}"` (or `pip install "fabric-core[ao]"`).'
-        ) from err
+    return import_package(module, "fabric-ao", f'pip install "{TORCHAO_REQUIREMENT}"')
 
 
 def _float8_capable() -> bool:
@@ -66,9 +58,7 @@ class Float8Precision(Precision):
     @classmethod
     def unavailable_reason(cls) -> str | None:
         """``fabric plugins --check``: torchao missing, with the install line (nothing imported)."""
-        if importlib.util.find_spec("torchao") is None:
-            return f'needs the `torchao` package: `pip install "{TORCHAO_REQUIREMENT}"`'
-        return None
+        return missing_package("torchao", f'pip install "{TORCHAO_REQUIREMENT}"')
 
     def __init__(
         self,

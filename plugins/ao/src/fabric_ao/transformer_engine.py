@@ -8,15 +8,14 @@ follow Transformer Engine's documented API; they run only on such a GPU (the GPU
 from __future__ import annotations
 
 import importlib
-import importlib.util
-from contextlib import AbstractContextManager, ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack
 from typing import Any
 
 import torch
 from torch.nn import Module
 
-from fabric_core.precision import Precision
-from fabric_core.utilities import rank_zero_warn
+from fabric_core.precision import DefaultDtype, Precision
+from fabric_core.utilities import missing_package, rank_zero_warn
 
 #: what to install: Transformer Engine's PyTorch extension builds against the installed CUDA torch
 TE_INSTALL = 'pip install --no-build-isolation "transformer_engine[pytorch]"'
@@ -56,8 +55,9 @@ class TransformerEnginePrecision(Precision):
     @classmethod
     def unavailable_reason(cls) -> str | None:
         """What this machine lacks for Transformer Engine (``fabric plugins --check`` shows it); nothing imported."""
-        if importlib.util.find_spec("transformer_engine") is None:
-            return f"needs the `transformer_engine` package (CUDA GPUs only): `{TE_INSTALL}`"
+        missing = missing_package("transformer_engine", TE_INSTALL, note=" (CUDA GPUs only)")
+        if missing is not None:
+            return missing
         if not torch.cuda.is_available():
             return "needs a CUDA GPU (Transformer Engine has no CPU kernels); `precision='float8'` runs here"
         return None
@@ -131,24 +131,14 @@ class TransformerEnginePrecision(Precision):
                 self._replace(child)
 
     def tensor_init_context(self) -> AbstractContextManager:
-        return _default_dtype(self.weights_dtype)
+        return DefaultDtype(self.weights_dtype)
 
     def module_init_context(self) -> AbstractContextManager:
-        return _default_dtype(self.weights_dtype)
+        return DefaultDtype(self.weights_dtype)
 
     def forward_context(self) -> AbstractContextManager:
         stack = ExitStack()
-        stack.enter_context(_default_dtype(self.fallback_compute_dtype))
+        stack.enter_context(DefaultDtype(self.fallback_compute_dtype))
         stack.enter_context(torch.autocast("cuda", dtype=self.fallback_compute_dtype))
         stack.enter_context(self.te.fp8_autocast(enabled=True, fp8_recipe=self.recipe))
         return stack
-
-
-@contextmanager
-def _default_dtype(dtype: torch.dtype) -> Any:
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import logging
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
@@ -12,7 +10,8 @@ from typing import Any
 import torch
 from torch.nn import Module
 
-from fabric_core.precision import Precision
+from fabric_core.precision import DefaultDtype, Precision
+from fabric_core.utilities import import_package, missing_package
 
 #: the reference's modes; each is also a registered name ``bnb-<mode>``
 MODES = ("nf4", "nf4-dq", "fp4", "fp4-dq", "int8", "int8-training")
@@ -24,15 +23,9 @@ _DEVICES = ("cpu", "cuda", "xpu")
 
 def import_bitsandbytes() -> Any:
     """``bitsandbytes``, or an ``ImportError`` that gives the install line."""
-    try:
-        # its CPU backend logs a warning when the optional `kernels` package is absent; it falls back by itself
-        logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
-        return importlib.import_module("bitsandbytes")
-    except ImportError as err:
-        raise ModuleNotFoundError(
-            f"`BitsandbytesPrecision` needs the `bitsandbytes` package, which could not be imported ({err})."
-            f' Install it with `pip install "{BNB_REQUIREMENT}"` (or `pip install "fabric-core[bnb]"`).'
-        ) from err
+    # its CPU backend logs a warning when the optional `kernels` package is absent; it falls back by itself
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+    return import_package("bitsandbytes", "`BitsandbytesPrecision`", f'pip install "{BNB_REQUIREMENT}"')
 
 
 class BitsandbytesPrecision(Precision):
@@ -57,9 +50,7 @@ class BitsandbytesPrecision(Precision):
     @classmethod
     def unavailable_reason(cls) -> str | None:
         """``fabric plugins --check``: bitsandbytes missing, with the install line (nothing imported)."""
-        if importlib.util.find_spec("bitsandbytes") is None:
-            return f'needs the `bitsandbytes` package: `pip install "{BNB_REQUIREMENT}"`'
-        return None
+        return missing_package("bitsandbytes", f'pip install "{BNB_REQUIREMENT}"')
 
     def __init__(
         self,
@@ -166,15 +157,15 @@ class BitsandbytesPrecision(Precision):
                 " `init_module` and pass it to `fabric.setup` (which honours `ignore_modules`), or drop `ignore_modules`."
             )
         stack = ExitStack()
-        stack.enter_context(_default_dtype_context(self.dtype))
+        stack.enter_context(DefaultDtype(self.dtype))
         stack.enter_context(_linear_replaced_by(self.linear_cls))
         return stack
 
     def tensor_init_context(self) -> AbstractContextManager:
-        return _default_dtype_context(self.dtype)
+        return DefaultDtype(self.dtype)
 
     def forward_context(self) -> AbstractContextManager:
-        return _default_dtype_context(self.dtype)
+        return DefaultDtype(self.dtype)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(mode={self.mode!r}, dtype={self._dtype})"
@@ -186,16 +177,6 @@ def _default_dtype(mode: str, device_type: str) -> torch.dtype:
     if device_type == "cuda":
         return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float16
     return torch.bfloat16  # CPUs compute bfloat16 natively where they compute float16 slowly, if at all
-
-
-@contextmanager
-def _default_dtype_context(dtype: torch.dtype) -> Iterator[None]:
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 @contextmanager

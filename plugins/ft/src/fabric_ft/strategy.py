@@ -22,6 +22,7 @@ import torch
 from torch.nn import Module
 from torch.optim import Optimizer
 
+from fabric_core.environments import env_int
 from fabric_core.strategies import DATA_REPLICATE, Axis, Binding, SingleDeviceStrategy
 from fabric_core.utilities import fabric_log
 
@@ -38,18 +39,6 @@ NUM_REPLICA_GROUPS_VARIABLE = "NUM_REPLICA_GROUPS"
 
 
 _NO_QUORUM_YET = object()
-
-
-def _env_int(name: str, value: int | None) -> int | None:
-    if value is not None:
-        return value
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"`{name}={raw}` must be an integer.") from None
 
 
 def _optimizer_wrapper(manager: Any, optimizer: Optimizer) -> Optimizer:
@@ -134,8 +123,10 @@ class FTDDPStrategy(SingleDeviceStrategy):
     ) -> None:
         super().__init__(device=device, accelerator=accelerator, checkpoint_io=checkpoint_io, precision=precision)
         self.lighthouse = lighthouse or os.environ.get(LIGHTHOUSE_VARIABLE) or None
-        self.replica_group = _env_int(REPLICA_GROUP_VARIABLE, replica_group)
-        self.num_replica_groups = _env_int(NUM_REPLICA_GROUPS_VARIABLE, num_replica_groups)
+        self.replica_group = replica_group if replica_group is not None else env_int(REPLICA_GROUP_VARIABLE, None)
+        self.num_replica_groups = (
+            num_replica_groups if num_replica_groups is not None else env_int(NUM_REPLICA_GROUPS_VARIABLE, None)
+        )
         if min_replicas < 1:
             raise ValueError(f"`min_replicas={min_replicas}` must be at least 1.")
         self.min_replicas = min_replicas

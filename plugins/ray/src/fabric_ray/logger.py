@@ -31,6 +31,7 @@ from typing import Any
 
 import ray.train
 
+from fabric_core.io import commit_directory, commit_file
 from fabric_core.loggers import Logger, add_prefix
 from fabric_core.utilities import get_rank, rank_zero_warn
 
@@ -189,7 +190,8 @@ def restore_latest_checkpoint(session: _Session | None = None) -> str | None:
 
     Returns that path, or ``None`` when Ray has no checkpoint (a first run), the checkpoint was not written by
     fabric-ray, or the path exists already (the restarted worker is on the same machine). Safe in several processes
-    at once (nodes sharing the folder): each copies beside the target under a hidden name and renames it into place.
+    at once (nodes sharing the folder): each copies beside the target and swaps its copy in whole (the copies are the
+    same; the last one stays), so no reader sees a partial checkpoint.
     """
     session = session or _session()
     if session is None:
@@ -205,17 +207,14 @@ def restore_latest_checkpoint(session: _Session | None = None) -> str | None:
         target = Path(saved["path"])
         if target.exists():
             return None
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = target.parent / f".{target.name}.ray-restore-{os.getpid()}"
         source = Path(folder) / saved["name"]
-        if source.is_dir():
-            shutil.copytree(source, staging)
-        else:
-            shutil.copy2(source, staging)
-        try:
-            os.rename(staging, target)  # atomic; for a folder it fails when another rank's copy won
+        try:  # copied beside the target and put in place whole (the core's commits), as a save would
+            if source.is_dir():
+                commit_directory(target, lambda staged: shutil.copytree(source, staged.path, dirs_exist_ok=True))
+            else:
+                with source.open("rb") as original:
+                    commit_file(target, lambda file: shutil.copyfileobj(original, file))
         except OSError:
-            shutil.rmtree(staging, ignore_errors=True) if staging.is_dir() else staging.unlink(missing_ok=True)
             if not target.exists():
-                raise
+                raise  # no other node's copy is in place either: a real failure
     return str(target)
