@@ -15,7 +15,7 @@ import torch
 from fabric_core import Fabric
 from fabric_core.io.location import CheckpointLocation
 from fabric_core.io.remote import COMMIT_MARKER
-from fabric_core.runtime.resume import RandomStates, find_latest_checkpoint
+from fabric_core.runtime.resume import RandomStates, checkpoint_key, find_latest_checkpoint, resized_seed, seed_generators
 
 
 def _fabric() -> Fabric:
@@ -118,16 +118,27 @@ def test_random_states_round_trip_through_a_checkpoint(tmp_path: Path):
     assert _draws() == expected
 
 
-def test_random_states_of_another_world_size_are_left_alone(tmp_path: Path):
+def test_random_states_of_another_world_size_seed_every_generator_from_the_checkpoint_and_the_data_parallel_rank():
+    """An elastic resume on another number of ranks: no saved generator is meant for this rank, so every generator is
+    seeded from the checkpoint and the data-parallel rank (reproducible, different per rank and per checkpoint)."""
     fabric = _fabric()
-    states = RandomStates(fabric).state_dict()
-    states = {"world_size": 2, "ranks": {k: torch.cat([v, v]) for k, v in states["ranks"].items()}}
-    before = torch.get_rng_state()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        RandomStates(fabric).load_state_dict(states)
-    assert torch.equal(torch.get_rng_state(), before)
-    assert any("random generators of 2 ranks, but this run has 1" in str(w.message) for w in caught)
+    fabric.seed_everything(5)
+    saved = RandomStates(fabric).state_dict()
+    assert saved["data_parallel_size"] == 1 and saved["ranks"]["data_parallel_rank"].tolist() == [0]
+    two = {"world_size": 2, "data_parallel_size": 2, "ranks": {k: torch.cat([v, v]) for k, v in saved["ranks"].items()}}
+    fabric.seed_everything(1)
+    RandomStates(fabric).load_state_dict(two)
+    first = _draws()
+    fabric.seed_everything(2)
+    RandomStates(fabric).load_state_dict(two)
+    assert _draws() == first, "the same checkpoint seeds alike"
+    key = checkpoint_key({k: v for k, v in two["ranks"].items() if k != "data_parallel_rank"})
+    seed_generators(resized_seed(key, 0))  # this process is data-parallel rank 0
+    assert _draws() == first, "the documented mapping"
+    assert resized_seed(key, 0) != resized_seed(key, 1)
+    other = {**two, "ranks": {**two["ranks"], "torch": torch.stack([torch.get_rng_state()] * 2)}}
+    RandomStates(fabric).load_state_dict(other)
+    assert _draws() != first, "another checkpoint, other numbers"
 
 
 def test_resuming_a_loader_mid_epoch_draws_no_random_number_of_the_run(tmp_path: Path):

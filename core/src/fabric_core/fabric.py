@@ -376,9 +376,19 @@ class Fabric:
 
     @counts_as_progress
     def setup_dataloaders(
-        self, *dataloaders: DataLoader, use_distributed_sampler: bool = True, move_to_device: bool = True
+        self,
+        *dataloaders: DataLoader,
+        use_distributed_sampler: bool = True,
+        move_to_device: bool = True,
+        global_batch_size: int | None = None,
     ) -> DataLoader | list[DataLoader]:
-        """Shard (when the strategy runs several processes), seed workers, and move batches to the device."""
+        """Shard (when the strategy runs several processes), seed workers, and move batches to the device.
+
+        Under a data-parallel strategy the ranks take shares of one global order that does not depend on their
+        number, so a checkpoint resumes on any number of ranks without losing or repeating a sample
+        (docs/decisions.md, "Elastic data"). ``global_batch_size`` keeps the global batch at that size whatever the
+        number of ranks: each rank's batch becomes its share of it (the loader's ``batch_size`` is replaced).
+        """
         self._validate_launched()
         if not dataloaders:
             raise ValueError("`setup_dataloaders` requires at least one dataloader as input.")
@@ -386,18 +396,33 @@ class Fabric:
             raise ValueError("A dataloader should be passed only once to the `setup_dataloaders` method.")
         if any(not isinstance(d, DataLoader) for d in dataloaders):
             raise TypeError("Only PyTorch DataLoader are currently supported in `setup_dataloaders`.")
-        wrapped = [self._setup_dataloader(d, use_distributed_sampler, move_to_device) for d in dataloaders]
+        if global_batch_size is not None and not use_distributed_sampler:
+            raise ValueError(
+                "`global_batch_size` cuts every global batch into the ranks' shares, which needs Fabric's distributed"
+                " sampler: drop `use_distributed_sampler=False`, or drop `global_batch_size` and batch yourself."
+            )
+        wrapped = [
+            self._setup_dataloader(d, use_distributed_sampler, move_to_device, global_batch_size) for d in dataloaders
+        ]
         return wrapped[0] if len(wrapped) == 1 else wrapped  # type: ignore[return-value]
 
-    def _setup_dataloader(self, dataloader: DataLoader, use_distributed_sampler: bool, move_to_device: bool) -> Any:
+    def _setup_dataloader(
+        self, dataloader: DataLoader, use_distributed_sampler: bool, move_to_device: bool, global_batch_size: int | None = None
+    ) -> Any:
         kwargs = self._strategy.distributed_sampler_kwargs
+        if global_batch_size is not None and kwargs is None:
+            kwargs = {"num_replicas": 1, "rank": 0}  # one process takes the whole global batch
         if use_distributed_sampler and kwargs is not None:
             # Every rank reads the same seed without communicating (docs/decisions.md, "Data"): the shuffle of a
             # DistributedSampler and the order of a wrapped sampler are functions of (seed, epoch).
             global_seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
-            sampler = utilities.data.distributed_sampler_for(dataloader, seed=global_seed, **kwargs)
+            ordered = utilities.data.global_order_sampler_for(
+                dataloader, seed=global_seed, global_batch_size=global_batch_size, **kwargs
+            )
+            sampler = ordered or utilities.data.distributed_sampler_for(dataloader, seed=global_seed, **kwargs)
             if sampler is not None:
-                dataloader = utilities.data.reinstantiate_dataloader(dataloader, sampler)
+                share = ordered.share_size() if ordered is not None and global_batch_size is not None else None
+                dataloader = utilities.data.reinstantiate_dataloader(dataloader, sampler, batch_size=share)
             elif (
                 isinstance(dataloader.dataset, IterableDataset)
                 and kwargs.get("num_replicas", 1) > 1

@@ -28,10 +28,12 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from fabric_core.precision.base import Precision
 from fabric_core.runtime import hang
+from fabric_core.runtime import ledger as _ledger
 from fabric_core.utilities.apply import apply_to_collection, iterate_moved
 
 if TYPE_CHECKING:
     from fabric_core.strategies.base import Strategy
+    from fabric_core.utilities.global_order import GlobalOrderSampler
 
 _DEFAULT_FORWARD_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
 
@@ -524,6 +526,8 @@ class FabricOptimizer:
             hook = getattr(callback, "on_after_optimizer_step", None)
             if callable(hook):
                 hook(strategy=strategy, optimizer=target)
+        if _ledger.open_ledger is not None:  # FABRIC_SAMPLE_LEDGER: the batches handed out since are trained
+            _ledger.open_ledger.commit()
         return output
 
     def zero_grad(self, *args: Any, **kwargs: Any) -> None:
@@ -546,6 +550,10 @@ class FabricDataLoader:
         self._num_iter_calls = 0
         self._exhausted_epoch = -1  # the last epoch whose iteration ran to its end
         self._continues_loaded_epoch = False  # the next __iter__ continues an epoch loaded from a checkpoint
+        self._position = 0  # global position reached in the epoch iterated last (a global order's loader)
+        self._loaded_position = 0  # where a loaded epoch continues
+        book = _ledger.active()  # FABRIC_SAMPLE_LEDGER: the loader's name there, by the order of setup
+        self._ledger_name = book.name_loader() if book is not None else None
 
     @property
     def device(self) -> torch.device | None:
@@ -580,13 +588,32 @@ class FabricDataLoader:
 
     def _start_epoch(self, epoch: int, continues: bool = False) -> Iterator:
         self._set_epoch(epoch)
+        order = self._global_order()
+        if order is not None:
+            order.set_start(self._loaded_position if continues else 0)
+            self._position = order.start
         if continues:
             # A DataLoader draws its base seed from torch's global generator when an epoch's iterator is made. The
             # run that saved drew it when the epoch began, before the checkpoint; drawing it again on resuming would
             # shift every random number after it (dropout, augmentations) against the run that never stopped.
             with torch.random.fork_rng(devices=[]):
-                return iter(self._dataloader)
-        return iter(self._dataloader)
+                iterator = iter(self._dataloader)
+        else:
+            iterator = iter(self._dataloader)
+        return iterator if order is None else self._follow(iterator, order)
+
+    def _follow(self, iterator: Iterator, order: GlobalOrderSampler) -> Generator[Any, None, None]:
+        """Hand out the batches, keeping the global position they reach (one step record per batch, see
+        :mod:`fabric_core.utilities.global_order`) and telling the sample ledger, when there is one."""
+        book = _ledger.active() if self._ledger_name is not None else None
+        size = order.size
+        for batch in iterator:
+            step = order.next_drawn()
+            if step is not None:
+                self._position = step.end
+                if book is not None:
+                    book.handed_out(self._ledger_name, step, size)  # type: ignore[arg-type]
+            yield batch
 
     def _end_epoch(self, epoch: int) -> None:
         self._exhausted_epoch = epoch
@@ -606,22 +633,49 @@ class FabricDataLoader:
     def _distributed_sampler(self) -> Any | None:
         return next((s for s in self._samplers() if isinstance(s, DistributedSampler)), None)
 
+    def _global_order(self) -> GlobalOrderSampler | None:
+        from fabric_core.utilities.global_order import GlobalOrderSampler
+
+        return next((s for s in self._samplers() if isinstance(s, GlobalOrderSampler)), None)
+
+    def _mid_epoch(self) -> bool:
+        started = self._num_iter_calls
+        return self._continues_loaded_epoch or (started > 0 and self._exhausted_epoch != started - 1)
+
+    @property
+    def global_batch_size(self) -> int | None:
+        """The samples one step trains on over every data-parallel rank (``None`` without a global order)."""
+        order = self._global_order()
+        return order.global_batch_size() if order is not None else None
+
+    @property
+    def share_weight(self) -> float:
+        """The factor for this rank's mean loss that makes data-parallel averaging the global batch's mean (1.0 unless a
+        fixed ``global_batch_size`` does not divide by the number of ranks; see docs/decisions.md, "Elastic data")."""
+        order = self._global_order()
+        return order.share_weight() if order is not None else 1.0
+
     def state_dict(self) -> dict[str, Any]:
         """The loader's position: ``fabric_epoch``, ``fabric_sampler_seed`` and the wrapped loader's own state.
 
         ``fabric_epoch`` is the epoch the loader continues with after loading: the one in progress if iteration
         stopped before its end, else the next one; ``fabric_mid_epoch`` says which. ``dataloader`` is present when
         the wrapped loader has a ``state_dict`` (a plain ``DataLoader`` has none; it restarts the saved epoch from
-        its beginning).
+        its beginning). With a global order (:mod:`fabric_core.utilities.global_order`, what ``setup_dataloaders``
+        gives a data-parallel loader) ``fabric_position`` is the global position reached in that epoch, the samples
+        every rank together consumed, and ``fabric_order`` what the order depends on; loading continues from there on
+        any number of ranks, with any loader (plain or stateful).
         """
-        started = self._num_iter_calls
-        state: dict[str, Any] = {
-            "fabric_epoch": self._resume_epoch(),
-            "fabric_mid_epoch": started > 0 and self._exhausted_epoch != started - 1,
-        }
+        mid_epoch = self._mid_epoch()
+        state: dict[str, Any] = {"fabric_epoch": self._resume_epoch(), "fabric_mid_epoch": mid_epoch}
         sampler = self._distributed_sampler()
         if sampler is not None:
             state["fabric_sampler_seed"] = int(sampler.seed)
+        order = self._global_order()
+        if order is not None:
+            position = (self._loaded_position if self._continues_loaded_epoch else self._position) if mid_epoch else 0
+            state["fabric_position"] = position
+            state["fabric_order"] = order.describe()
         inner = getattr(self._dataloader, "state_dict", None)
         if callable(inner):
             state["dataloader"] = inner()
@@ -657,20 +711,45 @@ class FabricDataLoader:
             with torch.random.fork_rng(devices=[]):
                 self._load_inner(state_dict)
             return
-        if "dataloader" in state_dict:
+        order = self._global_order()
+        by_position = order is not None and "fabric_position" in state_dict
+        mid_epoch = bool(state_dict.get("fabric_mid_epoch"))
+        if by_position:
+            # The global position says where every rank continues, on any number of ranks. The wrapped loader's own
+            # state (torchdata's) counts this rank's batches of the saving run's shares: it is not loaded, or it
+            # would skip them a second time.
+            self._check_order(order, state_dict)
+        elif "dataloader" in state_dict:
             with torch.random.fork_rng(devices=[]):  # loading a position draws no random numbers of the run
                 self._load_inner(state_dict["dataloader"])
-        # Only a stateful loader continues the saved epoch where it stopped (a plain one restarts it).
-        self._continues_loaded_epoch = bool(state_dict.get("fabric_mid_epoch")) and "dataloader" in state_dict
+        # Only a stateful loader, or a global order, continues the saved epoch where it stopped (a plain one restarts it).
+        self._continues_loaded_epoch = mid_epoch and (by_position or "dataloader" in state_dict)
         sampler = self._distributed_sampler()
         if sampler is not None and "fabric_sampler_seed" in state_dict:
             sampler.seed = int(state_dict["fabric_sampler_seed"])
         epoch = int(state_dict["fabric_epoch"])
         self._num_iter_calls = epoch
         self._exhausted_epoch = epoch - 1
-        # Samplers get the epoch now as well, in case the wrapped loader materialises its iterator before the
-        # next ``__iter__`` (torchdata's does in ``state_dict()``).
+        self._loaded_position = int(state_dict["fabric_position"]) if by_position and mid_epoch else 0
+        # Samplers get the epoch (and a global order its start) now as well, in case the wrapped loader materialises
+        # its iterator before the next ``__iter__`` (torchdata's does in ``state_dict()``).
         self._set_epoch(epoch)
+        if order is not None:
+            order.set_start(self._loaded_position)
+            book = _ledger.active() if self._ledger_name is not None else None
+            if book is not None and by_position:
+                book.resumed(self._ledger_name, epoch, self._loaded_position, order.size)  # type: ignore[arg-type]
+
+    @staticmethod
+    def _check_order(order: GlobalOrderSampler, state_dict: dict[str, Any]) -> None:
+        saved = state_dict.get("fabric_order") or {}
+        size = saved.get("size")
+        if size is not None and int(size) != order.size:
+            raise ValueError(
+                f"The checkpoint's loader position belongs to an epoch of {size} samples, but this loader's has"
+                f" {order.size}: the dataset (or the loader's sampler) changed. Resume with the dataset the checkpoint"
+                " was saved with, or load the checkpoint with `strict=False` and leave the loader's key out."
+            )
 
     def _load_inner(self, state: Any) -> None:
         load = getattr(self._dataloader, "load_state_dict", None)

@@ -24,15 +24,16 @@ what was put in ``state``: the loader's position (a set-up dataloader; mid-epoch
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
-import warnings
 from typing import Any, Protocol
 
 import torch
 
 from fabric_core.io.location import CheckpointLocation
 from fabric_core.io.series import CheckpointSeries
+from fabric_core.utilities.rank_zero import rank_zero_info
 
 
 class _Ranks(Protocol):
@@ -101,6 +102,43 @@ def _numpy() -> Any | None:
     return numpy
 
 
+def _data_parallel(fabric: Any) -> tuple[int, int]:
+    """This process's data-parallel rank and the data-parallel size (the topology's; the strategy's before it had
+    one; the global rank and world size for anything else that has ranks)."""
+    for holder in (getattr(fabric, "topology", None), getattr(fabric, "strategy", None)):
+        rank, size = getattr(holder, "data_parallel_rank", None), getattr(holder, "data_parallel_size", None)
+        if isinstance(rank, int) and isinstance(size, int):
+            return rank, size
+    return fabric.global_rank, fabric.world_size
+
+
+def checkpoint_key(ranks: dict[str, Any]) -> bytes:
+    """A digest of every rank's saved generators: the same on every rank that loads the checkpoint, and another one
+    for every checkpoint."""
+    digest = hashlib.blake2b(b"fabric-random-states", digest_size=16)
+    for name in sorted(ranks):
+        raw = ranks[name].detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+        digest.update(name.encode())
+        digest.update(raw.numpy().tobytes() if _numpy() is not None else bytes(raw.tolist()))
+    return digest.digest()
+
+
+def resized_seed(key: bytes, data_parallel_rank: int) -> int:
+    """The seed of data-parallel rank ``data_parallel_rank`` after a resume at another size (a 63-bit integer):
+    ``blake2b(key, rank)``, where ``key`` is :func:`checkpoint_key` of the checkpoint's generators."""
+    digest = hashlib.blake2b(key + int(data_parallel_rank).to_bytes(8, "little"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+def seed_generators(seed: int) -> None:
+    """Seed Python's ``random``, NumPy's global generator (if NumPy is there) and torch's CPU and CUDA generators."""
+    random.seed(seed)
+    numpy = _numpy()
+    if numpy is not None:
+        numpy.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # every CUDA device's generator too
+
+
 class RandomStates:
     """Every rank's random generators (Python's ``random``, NumPy's global one, torch's CPU and CUDA generators) as
     one entry of a checkpoint: ``state["rng"] = RandomStates(fabric)``.
@@ -108,9 +146,15 @@ class RandomStates:
     Dropout, random augmentations and the order of a shuffled ``RandomSampler`` draw from these, differently on each
     rank; a run resumed without them continues with other random numbers than the uninterrupted run would have.
     ``state_dict()`` gathers the generators of all ranks (a collective, as ``fabric.save`` is: every rank saves),
-    stored as tensors so the safe loader reads them; ``load_state_dict()`` gives each rank its own back. A
-    checkpoint of another world size cannot say which generator a rank should get: the ranks keep theirs, with a
-    warning.
+    stored as tensors so the safe loader reads them, with the data-parallel layout they were saved at;
+    ``load_state_dict()`` gives each rank its own back.
+
+    A checkpoint of another layout (world size or data-parallel size: an elastic resume on more or fewer ranks) has
+    no generator meant for a given rank. Each rank is then seeded (every generator above) with
+    :func:`resized_seed` ``(checkpoint_key(saved generators), data-parallel rank)``: a function of the checkpoint and
+    of the rank's data-parallel coordinate alone, so a resume is reproducible, ranks draw different numbers, processes
+    that share a data-parallel rank (tensor- or pipeline-parallel peers, which see the same samples) draw the same ones,
+    and no rank replays the numbers of the run before. docs/decisions.md, "Elastic data", describes the mapping.
     """
 
     def __init__(self, fabric: _Ranks) -> None:
@@ -118,28 +162,39 @@ class RandomStates:
 
     def state_dict(self) -> dict[str, Any]:
         fabric = self._fabric
-        gathered = fabric.all_gather(_capture())
+        rank, size = _data_parallel(fabric)
+        captured = _capture()
+        captured["data_parallel_rank"] = torch.tensor(rank)
+        gathered = fabric.all_gather(captured)
         if fabric.world_size == 1:  # all_gather adds no rank dimension for a single process
             gathered = {key: value.unsqueeze(0) for key, value in gathered.items()}
-        return {"world_size": fabric.world_size, "ranks": {key: value.cpu() for key, value in gathered.items()}}
+        return {
+            "world_size": fabric.world_size,
+            "data_parallel_size": size,
+            "ranks": {key: value.cpu() for key, value in gathered.items()},
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         fabric = self._fabric
         saved = int(state_dict["world_size"])
-        if saved != fabric.world_size:
-            warnings.warn(
-                f"The checkpoint holds the random generators of {saved} ranks, but this run has {fabric.world_size}:"
-                " each rank keeps its current generators (call `fabric.seed_everything` to choose them).",
-                stacklevel=2,
+        rank, size = _data_parallel(fabric)
+        saved_size = int(state_dict.get("data_parallel_size", saved))
+        ranks = dict(state_dict["ranks"])
+        ranks.pop("data_parallel_rank", None)
+        if saved != fabric.world_size or saved_size != size:
+            seed_generators(resized_seed(checkpoint_key(ranks), rank))
+            rank_zero_info(
+                f"The checkpoint holds the random generators of {saved} ranks ({saved_size} data-parallel), this run"
+                f" has {fabric.world_size} ({size}): every rank's generators are seeded from the checkpoint and its"
+                " data-parallel rank (`fabric_core.runtime.resume.resized_seed`)."
             )
             return
-        rank = fabric.global_rank
         # Own copies: a loaded checkpoint's tensors may be views into a memory-mapped file, and torch's generators
         # read a state tensor's storage from its start.
-        _restore({key: value[rank].clone() for key, value in state_dict["ranks"].items()})
+        _restore({key: value[fabric.global_rank].clone() for key, value in ranks.items()})
 
     def __repr__(self) -> str:
         return f"RandomStates(world_size={self._fabric.world_size})"
 
 
-__all__ = ["RandomStates", "find_latest_checkpoint"]
+__all__ = ["RandomStates", "checkpoint_key", "find_latest_checkpoint", "resized_seed", "seed_generators"]

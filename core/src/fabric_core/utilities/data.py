@@ -16,7 +16,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import (
@@ -34,10 +34,14 @@ __all__ = [
     "DistributedSamplerWrapper",
     "capture_init_arguments",
     "distributed_sampler_for",
+    "global_order_sampler_for",
     "needs_distributed_sampler",
     "reinstantiate_dataloader",
     "wrapped_sampler_seed",
 ]
+
+if TYPE_CHECKING:
+    from fabric_core.utilities.global_order import GlobalOrderSampler
 
 _HINT_NO_SAMPLER = (
     "Alternatively, pass `use_distributed_sampler=False` to `setup_dataloaders` and take care of splitting the data"
@@ -267,6 +271,59 @@ def distributed_sampler_for(
             dataloader.dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed
         )
     return DistributedSamplerWrapper(old, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
+
+
+def _loader_batch_size(dataloader: DataLoader) -> tuple[int | None, bool]:
+    """The per-rank batch size and ``drop_last`` the loader batches with, when it batches by size itself."""
+    batch_sampler = dataloader.batch_sampler
+    if batch_sampler is not None and dataloader.batch_size is None:
+        return batch_sampler.batch_size, batch_sampler.drop_last
+    return dataloader.batch_size, dataloader.drop_last
+
+
+def global_order_sampler_for(
+    dataloader: DataLoader, num_replicas: int, rank: int, seed: int = 0, global_batch_size: int | None = None
+) -> GlobalOrderSampler | None:
+    """The :class:`~fabric_core.utilities.global_order.GlobalOrderSampler` for ``dataloader``, or ``None`` where the
+    order cannot be global (see docs/decisions.md, "Elastic data").
+
+    The same choice as :func:`distributed_sampler_for` (a ``RandomSampler`` or ``SequentialSampler`` orders the
+    dataset, shuffling as the sampler did; any other finite sampler's output is wrapped), for loaders that batch by
+    size themselves: a batch sampler of the user's own groups indices its own way, so a step's share would not be one
+    batch; such loaders (and iterable datasets, and loaders that already have a ``DistributedSampler``) get ``None``.
+    """
+    from fabric_core.utilities.global_order import GlobalOrderSampler, check_global_batch_size
+
+    if not needs_distributed_sampler(dataloader) or not _loader_builds_its_batch_sampler(dataloader):
+        if global_batch_size is not None:
+            raise ValueError(
+                "`global_batch_size` needs a loader that batches by `batch_size` itself, over a map-style dataset,"
+                " without a `DistributedSampler` of its own: Fabric then cuts every global batch into the ranks'"
+                " shares. This loader has an iterable dataset, a batch sampler of its own or a `DistributedSampler`."
+            )
+        return None
+    batch_size, drop_last = _loader_batch_size(dataloader)
+    if batch_size is None and global_batch_size is not None:
+        raise ValueError(
+            "`global_batch_size` needs a loader that makes batches (`batch_size` set), not one that yields single"
+            " samples (`batch_size=None`)."
+        )
+    if global_batch_size is not None:
+        check_global_batch_size(global_batch_size, num_replicas)
+    old = _effective_sampler(dataloader)
+    _check_finite_length(old)
+    plain = _is_plain_random_sampler(old) or isinstance(old, SequentialSampler)
+    return GlobalOrderSampler(
+        dataloader.dataset if plain else old,
+        num_replicas,
+        rank,
+        shuffle=isinstance(old, RandomSampler) and plain,
+        seed=seed,
+        batch_size=batch_size or 1,
+        global_batch_size=global_batch_size,
+        drop_last=bool(drop_last),
+        wrapped=not plain,
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -568,7 +625,7 @@ def _loader_builds_its_batch_sampler(dataloader: DataLoader) -> bool:
     return batch_sampler is None or type(batch_sampler) is BatchSampler or dataloader.batch_size is not None
 
 
-def reinstantiate_dataloader(dataloader: DataLoader, sampler: Sampler) -> DataLoader:
+def reinstantiate_dataloader(dataloader: DataLoader, sampler: Sampler, batch_size: int | None = None) -> DataLoader:
     """Return a new loader of the same class and arguments as ``dataloader`` that draws indices from ``sampler``.
 
     A batch sampler the loader builds itself (the default one, also a library's own subclass such as torchdata's)
@@ -576,6 +633,8 @@ def reinstantiate_dataloader(dataloader: DataLoader, sampler: Sampler) -> DataLo
     ``batch_size``/``drop_last`` around ``sampler``. A user's ``BatchSampler`` subclass is re-created around
     ``sampler`` so its batching logic is kept; so is a batch sampler that only has ``BatchSampler``'s interface
     (``batch_size``, ``drop_last``, iterable), as ``type(bs)(sampler, batch_size=..., drop_last=...)``.
+    ``batch_size`` replaces the loader's own (a loader that builds its batch sampler; a rank's share of a fixed
+    global batch).
     """
     batch_sampler = dataloader.batch_sampler
     overrides: dict[str, Any]
@@ -589,6 +648,8 @@ def reinstantiate_dataloader(dataloader: DataLoader, sampler: Sampler) -> DataLo
         else:
             overrides["batch_size"] = dataloader.batch_size
             overrides["drop_last"] = dataloader.drop_last
+        if batch_size is not None:
+            overrides["batch_size"] = batch_size
         required: tuple[str, ...] = ("sampler",)
     else:
         if isinstance(batch_sampler, BatchSampler):

@@ -1,0 +1,295 @@
+"""The sample ledger: which samples every rank trained, at which committed step, and a report of lost and repeated ones.
+
+Opt-in, for debugging data order and for the tests of elastic training: set ``FABRIC_SAMPLE_LEDGER`` to a folder
+(every process of the run must reach it; ``fabric run``, torchrun and SLURM pass the variable on; inside Ray Train
+put it in the workers' ``runtime_env``). Each process then appends JSON lines to a file of its own there
+(``rank<R>-<host>-<pid>.jsonl``):
+
+* ``step``: the samples of one batch a set-up loader handed out, written when the next optimizer step is taken (a
+  batch fetched but never stepped on was not trained): the loader (``loader<i>``, in the order the process set its
+  loaders up), the epoch, the global batch's first and end position, this rank's share of it, the sample indices
+  (pads counted apart) and the optimizer steps this process had taken;
+* ``resume``: a loader restored from a checkpoint, at an epoch and global position.
+
+Every line is flushed when written (a killed process leaves what it wrote), not forced to disk. The report
+(:func:`report`, ``fabric ledger FOLDER``) replays every file's lines in time order: a ``resume`` at ``(epoch,
+position)`` rolls back what that loader recorded after that point before it (steps trained after the checkpoint that
+a failure undid), so what remains is what the final weights were trained on. Then per loader and epoch: positions
+trained more than once are *duplicated*, positions before the furthest one reached that were never trained are
+*lost*; pads are reported apart. Clocks order the attempts: processes on several machines need clocks that agree
+to well within the time a restart takes (NTP does).
+
+The location is one parameter (the variable); the run folder of issue 40 can become its default.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fabric_core.utilities.global_order import Step
+
+#: The folder a run's ledger is written to; unset: no ledger.
+LEDGER_VARIABLE = "FABRIC_SAMPLE_LEDGER"
+
+__all__ = ["LEDGER_VARIABLE", "LedgerReport", "SampleLedger", "active", "read_events", "report"]
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (int, str)) or value is None:
+        return value
+    item = getattr(value, "item", None)  # a tensor or NumPy scalar index
+    if callable(item):
+        try:
+            return item()
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    return repr(value)
+
+
+class SampleLedger:
+    """One process's ledger file (see the module's description)."""
+
+    def __init__(self, folder: str | os.PathLike, rank: int) -> None:
+        self.folder = Path(folder)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise OSError(f"{LEDGER_VARIABLE}={folder}: cannot create the ledger's folder ({err}).") from err
+        self.rank = rank
+        self.path = self.folder / f"rank{rank}-{socket.gethostname()}-{os.getpid()}.jsonl"
+        self._file = self.path.open("a", buffering=1)
+        self._pending: list[dict[str, Any]] = []
+        self._optimizer_steps = 0
+        self._loaders = 0
+        self._write({"kind": "open", "rank": rank, "pid": os.getpid(), "host": socket.gethostname()})
+
+    def _write(self, record: dict[str, Any]) -> None:
+        record["t"] = time.time()
+        self._file.write(json.dumps(record, default=repr) + "\n")
+        self._file.flush()
+
+    def name_loader(self) -> str:
+        """The name of the next loader set up (``loader0``, ``loader1``, ...: the same in every attempt that sets its
+        loaders up in the same order)."""
+        name = f"loader{self._loaders}"
+        self._loaders += 1
+        return name
+
+    def handed_out(self, loader: str, step: Step, size: int) -> None:
+        """A loader handed out ``step``'s batch; it counts as trained at the next :meth:`commit`."""
+        self._pending.append(
+            {
+                "kind": "step",
+                "loader": loader,
+                "epoch": step.epoch,
+                "start": step.start,
+                "end": step.end,
+                "share": step.share,
+                "shares": step.shares,
+                "indices": [_plain(i) for i in step.indices],
+                "padding": step.padding,
+                "size": size,
+            }
+        )
+
+    def commit(self) -> None:
+        """An optimizer step: what was handed out since the last one was trained."""
+        self._optimizer_steps += 1
+        for record in self._pending:
+            record["optimizer_step"] = self._optimizer_steps
+            self._write(record)
+        self._pending.clear()
+
+    def resumed(self, loader: str, epoch: int, position: int, size: int) -> None:
+        """A loader was restored from a checkpoint at ``(epoch, position)``."""
+        self._pending.clear()
+        self._write({"kind": "resume", "loader": loader, "epoch": epoch, "position": position, "size": size})
+
+    def close(self) -> None:
+        self._file.close()
+
+
+#: This process's ledger once :func:`active` opened it (read by every Fabric optimizer step).
+open_ledger: SampleLedger | None = None
+_open_folder: str | None = None
+
+
+def active() -> SampleLedger | None:
+    """This process's ledger when ``FABRIC_SAMPLE_LEDGER`` is set (opened on first use), else ``None``."""
+    global open_ledger, _open_folder
+    folder = os.environ.get(LEDGER_VARIABLE)
+    if not folder:
+        return None
+    if open_ledger is None or _open_folder != folder:
+        from fabric_core.utilities.rank_zero import get_rank
+
+        if open_ledger is not None:
+            open_ledger.close()
+        open_ledger = SampleLedger(folder, get_rank())
+        _open_folder = folder
+    return open_ledger
+
+
+# ------------------------------------------------------------------------------------------------------ the report
+def read_events(folder: str | os.PathLike) -> list[dict[str, Any]]:
+    """Every line of every ledger file in ``folder``, in time order."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise FileNotFoundError(f"No ledger folder at {str(root)!r} (the folder {LEDGER_VARIABLE} named for the run).")
+    files = sorted(root.glob("*.jsonl"))
+    if not files:
+        raise FileNotFoundError(
+            f"{str(root)!r} holds no ledger files (*.jsonl): was the run started with {LEDGER_VARIABLE} set to it?"
+        )
+    events: list[dict[str, Any]] = []
+    for path in files:
+        with path.open() as handle:
+            for number, line in enumerate(handle, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    event = json.loads(line)
+                except json.JSONDecodeError:
+                    # the last line of a process killed while writing it
+                    continue
+                event["file"] = path.name
+                event["line"] = number
+                events.append(event)
+    events.sort(key=lambda e: (e.get("t", 0.0), e["file"], e["line"]))
+    return events
+
+
+@dataclass
+class EpochReport:
+    size: int
+    reached: int = 0
+    trained: int = 0
+    padding: int = 0
+    lost: list[int] = field(default_factory=list)
+    duplicated: dict[int, int] = field(default_factory=dict)
+    samples: dict[int, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "size": self.size,
+            "reached": self.reached,
+            "trained": self.trained,
+            "padding": self.padding,
+            "lost": self.lost,
+            "duplicated": {str(p): n for p, n in self.duplicated.items()},
+            "duplicated_samples": sorted({str(self.samples.get(p)) for p in self.duplicated}),
+        }
+
+
+@dataclass
+class LedgerReport:
+    loaders: dict[str, dict[int, EpochReport]]
+    resumes: dict[str, list[tuple[int, int]]]
+    rolled_back: int
+
+    @property
+    def ok(self) -> bool:
+        return all(not e.lost and not e.duplicated for epochs in self.loaders.values() for e in epochs.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "rolled_back": self.rolled_back,
+            "loaders": {
+                name: {
+                    "resumes": [list(r) for r in self.resumes.get(name, [])],
+                    "epochs": {str(e): report.as_dict() for e, report in sorted(epochs.items())},
+                }
+                for name, epochs in sorted(self.loaders.items())
+            },
+        }
+
+    def text(self) -> str:
+        lines = []
+        for name, epochs in sorted(self.loaders.items()):
+            resumes = self.resumes.get(name, [])
+            lines.append(f"{name}: {len(resumes)} resume(s){': ' if resumes else ''}{', '.join(f'epoch {e} at {p}' for e, p in resumes)}")
+            for epoch, e in sorted(epochs.items()):
+                state = "complete" if e.reached >= e.size else f"reached {e.reached} of {e.size}"
+                lines.append(
+                    f"  epoch {epoch} ({state}): {e.trained} trained, {len(e.lost)} lost, {len(e.duplicated)} duplicated,"
+                    f" {e.padding} pads"
+                )
+                if e.lost:
+                    lines.append(f"    lost positions: {_ranges(e.lost)}")
+                if e.duplicated:
+                    shown = ", ".join(f"{p} (sample {e.samples.get(p)!s}) x{n}" for p, n in sorted(e.duplicated.items())[:20])
+                    lines.append(f"    duplicated positions: {shown}{' ...' if len(e.duplicated) > 20 else ''}")
+        lines.append(f"rolled back (trained after a checkpoint a failure undid): {self.rolled_back} batch record(s)")
+        lines.append("OK: every sample trained once" if self.ok else "NOT OK: samples lost or trained twice")
+        return "\n".join(lines)
+
+
+def _ranges(values: Iterable[int]) -> str:
+    ordered = sorted(values)
+    parts: list[str] = []
+    start = prev = None
+    for value in ordered:
+        if start is None:
+            start = prev = value
+        elif value == prev + 1:  # type: ignore[operator]
+            prev = value
+        else:
+            parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = value
+    if start is not None:
+        parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+    return ", ".join(parts)
+
+
+def report(folder: str | os.PathLike) -> LedgerReport:
+    """Replay a run's ledger (see the module's description) and count, per loader and epoch, what was lost or repeated."""
+    kept: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    resumes: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    rolled_back = 0
+    for event in read_events(folder):
+        kind = event.get("kind")
+        if kind == "resume":
+            loader, point = event["loader"], (event["epoch"], event["position"])
+            before = len(kept[loader])  # every rank writes the resume: the second and later ones remove nothing
+            kept[loader] = [s for s in kept[loader] if (s["epoch"], s["end"]) <= point]
+            rolled_back += before - len(kept[loader])
+            if not resumes[loader] or resumes[loader][-1] != point:
+                resumes[loader].append(point)
+        elif kind == "step":
+            kept[event["loader"]].append(event)
+    loaders: dict[str, dict[int, EpochReport]] = {}
+    for loader, steps in kept.items():
+        by_epoch: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for step in steps:
+            by_epoch[step["epoch"]].append(step)
+        loaders[loader] = {}
+        for epoch, records in by_epoch.items():
+            size = records[-1]["size"]
+            report_ = EpochReport(size=size)
+            counts: Counter[int] = Counter()
+            for record in records:
+                report_.reached = max(report_.reached, record["end"])
+                indices = record["indices"]
+                for i, sample in enumerate(indices):
+                    position = record["start"] + record["share"] + i * record["shares"]
+                    if position >= size:
+                        report_.padding += 1
+                        continue
+                    counts[position] += 1
+                    report_.samples[position] = sample
+            report_.trained = len(counts)
+            report_.lost = [p for p in range(report_.reached) if p not in counts]
+            report_.duplicated = {p: n for p, n in counts.items() if n > 1}
+            loaders[loader][epoch] = report_
+    return LedgerReport(loaders, dict(resumes), rolled_back)
