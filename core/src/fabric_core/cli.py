@@ -1,4 +1,5 @@
-"""The ``fabric`` command line: ``fabric plugins``, ``fabric run``, ``fabric consolidate``, ``fabric env``.
+"""The ``fabric`` command line: ``fabric plugins``, ``fabric run``, ``fabric consolidate``, ``fabric env``,
+``fabric ledger``.
 
 Built on argparse so the core needs no CLI dependency. Importing this module is cheap (no torch): ``fabric
 --help`` must answer instantly, and ``fabric plugins`` lists every registered name *without* importing the
@@ -6,8 +7,8 @@ modules behind them; ``fabric plugins --check`` imports each one, reports whethe
 every plugin's decision hooks once with a CPU probe, and flags registration modules that import heavy modules.
 
 ``run`` lives in :mod:`fabric_core.cli_run` (it parses its own line: Fabric's options may follow SCRIPT),
-``consolidate`` in :mod:`fabric_core.cli_consolidate` and ``env`` (the bug-report summary) in
-:mod:`fabric_core.cli_env`.
+``consolidate`` in :mod:`fabric_core.cli_consolidate`, ``env`` (the bug-report summary) in
+:mod:`fabric_core.cli_env` and ``ledger`` (lost and repeated samples of a run) in :mod:`fabric_core.cli_ledger`.
 """
 
 from __future__ import annotations
@@ -305,11 +306,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     from fabric_core.cli_consolidate import add_consolidate_parser
     from fabric_core.cli_env import add_env_parser
+    from fabric_core.cli_ledger import add_ledger_parser
     from fabric_core.cli_run import add_run_parser
 
     add_run_parser(subparsers)
     add_consolidate_parser(subparsers)
     add_env_parser(subparsers)
+    add_ledger_parser(subparsers)
     return parser
 
 

@@ -3,7 +3,7 @@
 Opt-in, for debugging data order and for the tests of elastic training: set ``FABRIC_SAMPLE_LEDGER`` to a folder
 (every process of the run must reach it; ``fabric run``, torchrun and SLURM pass the variable on; inside Ray Train
 put it in the workers' ``runtime_env``). Each process then appends JSON lines to a file of its own there
-(``rank<R>-<host>-<pid>.jsonl``):
+(``samples-rank<R>-<host>-<pid>.jsonl``):
 
 * ``step``: the samples of one batch a set-up loader handed out, written when the next optimizer step is taken (a
   batch fetched but never stepped on was not trained): the loader (``loader<i>``, in the order the process set its
@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 #: The folder a run's ledger is written to; unset: no ledger.
 LEDGER_VARIABLE = "FABRIC_SAMPLE_LEDGER"
+#: How every ledger file's name begins.
+FILE_PREFIX = "samples-"
 
 __all__ = ["LEDGER_VARIABLE", "LedgerReport", "SampleLedger", "active", "read_events", "report"]
 
@@ -65,7 +67,7 @@ class SampleLedger:
         except OSError as err:
             raise OSError(f"{LEDGER_VARIABLE}={folder}: cannot create the ledger's folder ({err}).") from err
         self.rank = rank
-        self.path = self.folder / f"rank{rank}-{socket.gethostname()}-{os.getpid()}.jsonl"
+        self.path = self.folder / f"{FILE_PREFIX}rank{rank}-{socket.gethostname()}-{os.getpid()}.jsonl"
         self._file = self.path.open("a", buffering=1)
         self._pending: list[dict[str, Any]] = []
         self._optimizer_steps = 0
@@ -145,10 +147,11 @@ def read_events(folder: str | os.PathLike) -> list[dict[str, Any]]:
     root = Path(folder)
     if not root.is_dir():
         raise FileNotFoundError(f"No ledger folder at {str(root)!r} (the folder {LEDGER_VARIABLE} named for the run).")
-    files = sorted(root.glob("*.jsonl"))
+    files = sorted(root.glob(f"{FILE_PREFIX}*.jsonl"))
     if not files:
         raise FileNotFoundError(
-            f"{str(root)!r} holds no ledger files (*.jsonl): was the run started with {LEDGER_VARIABLE} set to it?"
+            f"{str(root)!r} holds no ledger files ({FILE_PREFIX}*.jsonl): was the run started with {LEDGER_VARIABLE}"
+            " set to it?"
         )
     events: list[dict[str, Any]] = []
     for path in files:
