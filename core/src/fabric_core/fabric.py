@@ -29,6 +29,7 @@ from fabric_core import loggers as experiment_loggers
 from fabric_core.accelerators.base import Accelerator
 from fabric_core.plugins.host import get_registry
 from fabric_core.runtime import failures, hang, run
+from fabric_core.runtime import ledger as runtime_ledger
 from fabric_core.runtime.hang import counts_as_progress, report_progress, start_watchdog
 from fabric_core.runtime.run import RunInfo
 from fabric_core.strategies.base import Strategy
@@ -444,6 +445,8 @@ class Fabric:
             dataloader.worker_init_fn = partial(utilities.seed.worker_init_function, rank=self.global_rank)
         dataloader = self._strategy.process_dataloader(dataloader)
         device = self.device if move_to_device else None
+        if os.environ.get(runtime_ledger.LEDGER_VARIABLE):
+            runtime_ledger.active(self.run_info)  # FABRIC_SAMPLE_LEDGER=1: the ledger goes into the run folder
         return FabricDataLoader(dataloader, device=device)
 
     def _validate_setup(self, module: Module, optimizers: Iterable[Optimizer], method: str) -> None:

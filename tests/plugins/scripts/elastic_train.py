@@ -12,8 +12,9 @@ step STOP (without saving, as a failure between two checkpoints would; omitted: 
 * ``slow``: as ``kept``, with a pause after every step (for tests that kill a process mid-run).
 
 96 samples (a ``StatefulDataLoader(shuffle=True)``), 2 epochs, SGD, float64 (``64-true``), a checkpoint every 2 steps
-with ``RandomStates``. Rank 0 appends ``{"step", "world", "t", "epoch"}`` to ``OUT/<name>/progress.jsonl`` after
-every step and writes every parameter in full to ``final.pt`` at the end.
+with ``RandomStates``. Rank 0 appends ``{"resumed", "world", "t", "draws"}`` (what every rank's torch generator draws
+next) when the run (re)starts and ``{"step", "world", "t", "epoch"}`` after every step to ``OUT/<name>/progress.jsonl``,
+and writes every parameter in full to ``final.pt`` at the end.
 """
 
 from __future__ import annotations
@@ -58,9 +59,12 @@ def train(fabric: Fabric, folder: Path, kind: str, stop: int | None = None, paus
     latest = fabric.latest_checkpoint(folder / "ckpts" / "step-*.ckpt")
     if latest is not None:
         fabric.load(latest, state)
+    with torch.random.fork_rng(devices=[]):  # what each rank's torch generator draws next, without drawing it
+        draws = fabric.all_gather(torch.rand(1, dtype=torch.float64)).flatten().tolist()
     progress = (folder / "progress.jsonl").open("a") if fabric.global_rank == 0 else None
     if progress is not None:
-        progress.write(json.dumps({"resumed": state["step"], "world": fabric.world_size, "t": time.time()}) + "\n")
+        record = {"resumed": state["step"], "world": fabric.world_size, "t": time.time(), "draws": draws}
+        progress.write(json.dumps(record) + "\n")
         progress.flush()
     while state["epoch"] < EPOCHS:
         for x, y in loader:  # after a load: the rest of the saved epoch

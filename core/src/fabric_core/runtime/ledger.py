@@ -1,9 +1,10 @@
 """The sample ledger: which samples every rank trained, at which committed step, and a report of lost and repeated ones.
 
-Opt-in, for debugging data order and for the tests of elastic training: set ``FABRIC_SAMPLE_LEDGER`` to a folder
-(every process of the run must reach it; ``fabric run``, torchrun and SLURM pass the variable on; inside Ray Train
-put it in the workers' ``runtime_env``). Each process then appends JSON lines to a file of its own there
-(``samples-rank<R>-<host>-<pid>.jsonl``):
+Opt-in, for debugging data order and for the tests of elastic training: set ``FABRIC_SAMPLE_LEDGER=1`` to write it
+into the run folder's ``samples/`` (``fabric.run_info.dir``, docs/decisions.md "Run identity"), or to a folder of
+your choice. Every process of the run must reach it and see the variable (``fabric run``, torchrun and SLURM pass it
+on; inside Ray Train put it in the workers' ``runtime_env``). Each process then appends JSON lines to a file of its
+own there (``samples-rank<R>-<host>-<pid>.jsonl``; the first line names the run and the attempt):
 
 * ``step``: the samples of one batch a set-up loader handed out, written when the next optimizer step is taken (a
   batch fetched but never stepped on was not trained): the loader (``loader<i>``, in the order the process set its
@@ -18,8 +19,6 @@ a failure undid), so what remains is what the final weights were trained on. The
 trained more than once are *duplicated*, positions before the furthest one reached that were never trained are
 *lost*; pads are reported apart. Clocks order the attempts: processes on several machines need clocks that agree
 to well within the time a restart takes (NTP does).
-
-The location is one parameter (the variable); the run folder of issue 40 can become its default.
 """
 
 from __future__ import annotations
@@ -35,12 +34,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from fabric_core.runtime.run import RunInfo
     from fabric_core.utilities.global_order import Step
 
 #: The folder a run's ledger is written to; unset: no ledger.
 LEDGER_VARIABLE = "FABRIC_SAMPLE_LEDGER"
 #: How every ledger file's name begins.
 FILE_PREFIX = "samples-"
+#: The ledger's folder inside the run folder (``FABRIC_SAMPLE_LEDGER=1``).
+RUN_SUBFOLDER = "samples"
 
 __all__ = ["LEDGER_VARIABLE", "LedgerReport", "SampleLedger", "active", "read_events", "report"]
 
@@ -60,19 +62,24 @@ def _plain(value: Any) -> Any:
 class SampleLedger:
     """One process's ledger file (see the module's description)."""
 
-    def __init__(self, folder: str | os.PathLike, rank: int) -> None:
+    def __init__(self, folder: str | os.PathLike, rank: int, run: RunInfo | None = None) -> None:
         self.folder = Path(folder)
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
         except OSError as err:
-            raise OSError(f"{LEDGER_VARIABLE}={folder}: cannot create the ledger's folder ({err}).") from err
+            raise OSError(f"{LEDGER_VARIABLE}: cannot create the ledger's folder {str(folder)!r} ({err}).") from err
         self.rank = rank
-        self.path = self.folder / f"{FILE_PREFIX}rank{rank}-{socket.gethostname()}-{os.getpid()}.jsonl"
+        self.run = run
+        name = f"{FILE_PREFIX}rank{rank}-{socket.gethostname()}-{os.getpid()}.jsonl"
+        self.path = run.path(RUN_SUBFOLDER, name) if run is not None else self.folder / name  # run.json records it
         self._file = self.path.open("a", buffering=1)
         self._pending: list[dict[str, Any]] = []
         self._optimizer_steps = 0
         self._loaders = 0
-        self._write({"kind": "open", "rank": rank, "pid": os.getpid(), "host": socket.gethostname()})
+        opened: dict[str, Any] = {"kind": "open", "rank": rank, "pid": os.getpid(), "host": socket.gethostname()}
+        if run is not None:
+            opened.update(run=run.id, attempt=run.attempt)
+        self._write(opened)
 
     def _write(self, record: dict[str, Any]) -> None:
         record["t"] = time.time()
@@ -123,21 +130,47 @@ class SampleLedger:
 #: This process's ledger once :func:`active` opened it (read by every Fabric optimizer step).
 open_ledger: SampleLedger | None = None
 _open_folder: str | None = None
+_ON = ("1", "true", "on", "yes")
+_OFF = ("", "0", "false", "off", "no")
 
 
-def active() -> SampleLedger | None:
-    """This process's ledger when ``FABRIC_SAMPLE_LEDGER`` is set (opened on first use), else ``None``."""
-    global open_ledger, _open_folder
-    folder = os.environ.get(LEDGER_VARIABLE)
-    if not folder:
+def ledger_folder(run: RunInfo | None = None) -> Path | None:
+    """Where this run's ledger goes: ``None`` unless ``FABRIC_SAMPLE_LEDGER`` asks for one; ``1`` (``true``, ``on``)
+    means the run folder's ``samples/`` (``run``, else the run this process resolves alone), any other value is
+    the folder itself."""
+    value = os.environ.get(LEDGER_VARIABLE, "").strip()
+    if value.lower() in _OFF:
         return None
-    if open_ledger is None or _open_folder != folder:
+    if value.lower() in _ON:
+        from fabric_core.runtime.run import resolve_run
+
+        return (run or resolve_run()).dir / RUN_SUBFOLDER
+    return Path(value)
+
+
+def active(run: RunInfo | None = None) -> SampleLedger | None:
+    """This process's ledger when ``FABRIC_SAMPLE_LEDGER`` asks for one (opened on first use), else ``None``.
+    ``run``: the Fabric's run (``fabric.run_info``), whose folder ``FABRIC_SAMPLE_LEDGER=1`` means."""
+    global open_ledger, _open_folder
+    value = os.environ.get(LEDGER_VARIABLE, "").strip()
+    if value.lower() in _OFF:
+        return None
+    in_run = value.lower() in _ON
+    if in_run and run is None and open_ledger is not None and open_ledger.run is not None:
+        return open_ledger  # the run folder's ledger, opened when the loader was set up
+    folder = ledger_folder(run)
+    assert folder is not None
+    if open_ledger is None or _open_folder != str(folder):
         from fabric_core.utilities.rank_zero import get_rank
 
         if open_ledger is not None:
             open_ledger.close()
-        open_ledger = SampleLedger(folder, get_rank())
-        _open_folder = folder
+        if in_run and run is None:
+            from fabric_core.runtime.run import resolve_run
+
+            run = resolve_run()
+        open_ledger = SampleLedger(folder, get_rank(), run if in_run else None)
+        _open_folder = str(folder)
     return open_ledger
 
 
