@@ -6,7 +6,6 @@ The 2-process job that is SIGKILLed, restarted and resumed is in tests/plugins/t
 from __future__ import annotations
 
 import random
-import warnings
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,13 @@ import torch
 from fabric_core import Fabric
 from fabric_core.io.location import CheckpointLocation
 from fabric_core.io.remote import COMMIT_MARKER
-from fabric_core.runtime.resume import RandomStates, checkpoint_key, find_latest_checkpoint, resized_seed, seed_generators
+from fabric_core.runtime.resume import (
+    RandomStates,
+    checkpoint_key,
+    find_latest_checkpoint,
+    resized_seed,
+    seed_generators,
+)
 
 
 def _fabric() -> Fabric:

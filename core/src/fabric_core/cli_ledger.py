@@ -35,11 +35,9 @@ def add_ledger_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def ledger_main(args: argparse.Namespace) -> int:
-    from fabric_core.runtime.ledger import report
-
     from pathlib import Path
 
-    from fabric_core.runtime.ledger import RUN_SUBFOLDER
+    from fabric_core.runtime.ledger import RUN_SUBFOLDER, report
 
     folder = Path(args.folder)
     if (folder / RUN_SUBFOLDER).is_dir():  # a run folder (FABRIC_SAMPLE_LEDGER=1 wrote into its samples/)

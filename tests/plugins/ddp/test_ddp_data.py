@@ -40,8 +40,9 @@ def test_stateful_dataloader_shards_and_resumes_batch_exact(tmp_path: Path, work
     run_ranks(SCRIPT, str(tmp_path), "run", str(workers), timeout=240, tmp_path=tmp_path)
     r0, r1 = _results(tmp_path, "run", workers)
 
-    # StatefulDataLoader(shuffle=True): torchdata's own RandomSampler, wrapped; every epoch is split exactly.
-    assert r0["sampler"] == r1["sampler"] == "DistributedSamplerWrapper"
+    # StatefulDataLoader(shuffle=True): torchdata's own RandomSampler, wrapped in the global order (its output ordered
+    # and cut into the ranks' shares); every epoch is split exactly.
+    assert r0["sampler"] == r1["sampler"] == "GlobalOrderSampler"
     for epoch in range(EPOCHS):
         _assert_partition(_flat(r0["epochs"][epoch]), _flat(r1["epochs"][epoch]))
     assert _flat(r0["epochs"][0]) != _flat(r0["epochs"][1])  # reshuffled per epoch
