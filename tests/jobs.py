@@ -162,6 +162,38 @@ def wait_until(condition, timeout: float, interval: float = 0.05) -> bool:
     return condition()
 
 
+def descendants(pid: int) -> list[int]:
+    """Live processes below ``pid`` (children, theirs, ...), wherever their session: torchrun's agent starts each
+    worker in a session of its own."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[0] not in ("Z", "X"):
+            parents.setdefault(int(fields[1]), []).append(int(entry))
+    found, stack = [], [pid]
+    while stack:
+        for child in parents.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every process below it at once (a machine that fails takes all of them)."""
+    for target in [pid, *descendants(pid)]:
+        try:
+            os.kill(target, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def kill_session(sid: int) -> None:
     for pid in session_processes(sid):
         try:

@@ -261,7 +261,7 @@ def test_run_options_are_recognised_anywhere_before_double_dash(argv, expected):
     [
         ([], "missing SCRIPT"),
         (["train.py", "--devices"], "option --devices needs a value"),
-        (["train.py", "--num-nodes", "two"], "invalid int value 'two'"),
+        (["train.py", "--num-nodes", "two"], "'two' is not a number of nodes N or a range MIN:MAX"),
         (["--lr", "0.1", "train.py"], "unknown option '--lr' before SCRIPT"),
     ],
 )

@@ -80,6 +80,10 @@ def test_torchrun_options_after_the_script_belong_to_the_script():
         (["--standalone", "--rdzv-backend", "c10d"], "--standalone chooses the rendezvous itself"),
         (["--rdzv-endpoint", "host:1"], "--rdzv-endpoint is for the c10d/etcd backends"),
         (["--standalone=1"], "option --standalone takes no value"),
+        (["--num-nodes", "1:2", "--rdzv-backend", "static"], "--num-nodes 1:2 lets nodes leave and join"),
+        (["--num-nodes", "1:2", "--standalone"], "needs an elastic rendezvous"),
+        (["--num-nodes", "3:2"], "'3:2' is not a number of nodes N or a range MIN:MAX"),
+        (["--num-nodes", "1:2", "--node-rank", "2"], "--node-rank must be between 0 and 1"),
     ],
 )
 def test_bad_torchrun_options_are_usage_errors(argv: list[str], words: str, tmp_path: Path, capsys):
@@ -96,3 +100,28 @@ def test_help_lists_the_torchrun_options(capsys):
     assert "torchrun's restart, rendezvous and logging options (before SCRIPT" in out
     for flag in ("--max-restarts", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--standalone", "--monitor-interval", "--tee", "--log-dir"):
         assert flag in out
+
+
+def test_a_range_of_nodes_is_an_elastic_job_on_a_c10d_rendezvous():
+    """`--num-nodes MIN:MAX` (issue 38): torchrun gets the range and a c10d rendezvous at the main address (unless
+    another elastic backend is given); every worker's Fabric gets the range, and takes its attempt's count."""
+    args = cli_run.parse_run_args(["--num-nodes", "1:2", "--main-port", "4321", "--max-restarts", "3", "train.py"])
+    parsed = _parsed_by_torchrun(cli_run.torchrun_arguments(args, 1))
+    assert (parsed.nnodes, parsed.rdzv_backend, parsed.rdzv_endpoint, parsed.max_restarts) == ("1:2", "c10d", "127.0.0.1:4321", 3)
+    assert cli_run.prepare_environment(args, 1, "1")["FABRIC_NUM_NODES"] == "1:2"
+    parsed = _parsed_by_torchrun(_torchrun(["--num-nodes", "2:4", "--rdzv-backend", "etcd", "--rdzv-endpoint", "e:2379", "train.py"]))
+    assert (parsed.nnodes, parsed.rdzv_backend, parsed.rdzv_endpoint) == ("2:4", "etcd", "e:2379")
+
+
+def test_each_attempt_of_an_elastic_job_takes_the_node_count_its_launcher_started(monkeypatch):
+    from fabric_core.connector import elastic_node_count
+    from fabric_core.environments import TorchElasticEnvironment
+
+    for name, value in {"TORCHELASTIC_RUN_ID": "x", "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}.items():
+        monkeypatch.setenv(name, value)
+    env = TorchElasticEnvironment()
+    assert elastic_node_count((1, 2), env, 1) == 2
+    env.validate_settings(num_devices=1, num_nodes=2)  # the world-size check then holds for every size of the range
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(ValueError, match="may only number 1 to 2"):
+        elastic_node_count((1, 2), env, 1)

@@ -99,10 +99,17 @@ def test_a_range_of_nodes_is_the_static_rendezvous_maximum(pod):
     assert parse_min_max_nnodes(get_args_parser().parse_args(["train.py"]).nnodes)[1] == args.num_nodes
 
 
-def test_an_elastic_range_is_refused_by_name(pod):
+def test_an_elastic_range_reaches_torchrun_as_it_reads_it_and_every_fabric_as_a_range(pod):
+    """PET_NNODES=MIN:MAX with an elastic rendezvous (issue 38): `fabric run` hands torchrun the range, and each
+    worker's Fabric takes the count of the attempt it runs in."""
     pod(PET_NNODES="1:3", PET_RDZV_BACKEND="c10d", PET_RDZV_ENDPOINT="w0:1234")
-    with pytest.raises(cli_run.CLIError, match=r"PET_NNODES=1:3 with the c10d rendezvous asks for elastic training"):
-        cli_run.parse_run_args(["train.py"])
+    alone = _torchrun_alone()
+    args = cli_run.parse_run_args(["train.py"])
+    line = cli_run.torchrun_arguments(args, 1)
+    parsed = get_args_parser().parse_args(line)
+    assert parse_min_max_nnodes(parsed.nnodes) == alone["nodes"] == (1, 3)
+    assert (parsed.rdzv_backend, parsed.rdzv_endpoint) == alone["rdzv"][:2]
+    assert cli_run.prepare_environment(args, 1, "1")["FABRIC_NUM_NODES"] == "1:3"
     pod(PET_NNODES="3:3")  # MIN = MAX is a fixed count
     assert cli_run.parse_run_args(["train.py"]).num_nodes == 3
 

@@ -40,10 +40,13 @@ from dataclasses import dataclass, field, make_dataclass
 from typing import Any
 
 from fabric_core.environments import torchrun_variables
+from fabric_core.environments.torchrun_variables import node_count
 from fabric_core.launchers.base import CLI_FLAG, CLI_SETTINGS
 from fabric_core.utilities.topology import threads_per_process
 
 DEFAULT_MAIN_PORT = 29400
+#: torch's switch that makes every rendezvous round of an elastic job publish its own store (set for MIN:MAX).
+ELASTIC_STORE_VARIABLE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 USAGE = "fabric run [OPTIONS] SCRIPT [SCRIPT_ARGS]...\n       fabric run [OPTIONS] -m MODULE [ARGS]..."
 
 
@@ -80,7 +83,7 @@ OPTIONS = (
     _Option("accelerator", ("--accelerator",), "the hardware to run on (default: what the script's Fabric(...) says, else auto)", fabric_setting=True),
     _Option("strategy", ("--strategy",), "the strategy; one that starts its own processes from a function is refused", fabric_setting=True),
     _Option("devices", ("--devices",), "devices (processes) per node: a number, 'auto', or GPU indices such as '0,1' (default: 1)", "1", fabric_setting=True, environ=torchrun_variables.NPROC_PER_NODE),
-    _Option("num_nodes", ("--num-nodes", "--num_nodes"), "number of nodes (default: 1)", 1, int, fabric_setting=True, environ=torchrun_variables.NNODES),
+    _Option("num_nodes", ("--num-nodes", "--num_nodes"), "number of nodes, or MIN:MAX for an elastic job that goes on when nodes leave and grows when they join (c10d rendezvous at --main-address:--main-port unless --rdzv-backend says otherwise; default: 1)", 1, node_count, fabric_setting=True, environ=torchrun_variables.NNODES),
     _Option("node_rank", ("--node-rank", "--node_rank"), "index of this node, 0 = main (default: 0)", 0, int, environ=torchrun_variables.NODE_RANK),
     _Option("main_address", ("--main-address", "--main_address"), "address of node 0, where the processes meet (default: 127.0.0.1)", "127.0.0.1", environ=torchrun_variables.MASTER_ADDR),
     _Option("main_port", ("--main-port", "--main_port"), f"a free port on node 0 (default: {DEFAULT_MAIN_PORT})", DEFAULT_MAIN_PORT, int, environ=torchrun_variables.MASTER_PORT),
@@ -198,8 +201,10 @@ def parse_run_args(argv: Sequence[str]) -> RunArgs:
                 raise CLIError(f"option {flag} needs a value.")
             try:
                 setattr(args, option.dest, option.type(value))
-            except ValueError:
-                raise CLIError(f"option {flag}: invalid {option.type.__name__} value {value!r}.") from None
+            except ValueError as err:
+                if option.type is node_count:
+                    raise CLIError(f"option {flag}: {value!r} is not a number of nodes N or a range MIN:MAX with 0 < MIN <= MAX.") from None
+                raise CLIError(f"option {flag}: invalid {option.type.__name__} value {value!r}.") from err
             given.add(option.dest)
             continue
         if not args.script:
@@ -252,14 +257,25 @@ def take_torchrun_variables(args: RunArgs, given: set[str]) -> None:
         setattr(args, option.dest, value)
     if isinstance(args.num_nodes, tuple):
         low, high = args.num_nodes
-        if low != high and not _static_rendezvous(args):
-            raise CLIError(
-                f"{torchrun_variables.NNODES}={low}:{high} with the {args.rdzv_backend or 'standalone'} rendezvous asks"
-                " for elastic training (the node count may change while the job runs), which `fabric run` does not"
-                " take: start the job with torchrun, or set a fixed number of nodes."
-            )
-        # torchrun's static rendezvous waits for MAX nodes (its `max_nodes`): the same world
-        args.num_nodes = high
+        if low == high:
+            args.num_nodes = high
+        elif "num_nodes" in given:
+            # `--num-nodes MIN:MAX` asks for an elastic job: torchrun's c10d rendezvous, where the main node is
+            if args.rdzv_backend is None and not args.standalone:
+                args.rdzv_backend = "c10d"
+        elif _static_rendezvous(args):
+            # PET_NNODES=MIN:MAX with the static rendezvous, which waits for MAX nodes (its `max_nodes`): that world
+            args.num_nodes = high
+
+
+def max_nodes(args: Any) -> int:
+    """The most nodes the job has: ``--num-nodes``, or MAX of an elastic ``MIN:MAX``."""
+    return args.num_nodes[1] if isinstance(args.num_nodes, tuple) else args.num_nodes
+
+
+def nodes_text(args: Any) -> str:
+    """``--num-nodes`` as torchrun and ``FABRIC_NUM_NODES`` spell it: ``N`` or ``MIN:MAX``."""
+    return ":".join(map(str, args.num_nodes)) if isinstance(args.num_nodes, tuple) else str(args.num_nodes)
 
 
 def launcher_option_prefix(launcher: str) -> str:
@@ -354,6 +370,13 @@ def check_elastic(args: RunArgs) -> None:
     backend = args.rdzv_backend
     if backend is not None and backend not in RDZV_BACKENDS:
         raise CLIError(f"--rdzv-backend must be one of {', '.join(RDZV_BACKENDS)}, got {backend!r}.")
+    if isinstance(args.num_nodes, tuple) and (backend in (None, "static") or args.standalone):
+        low, high = args.num_nodes
+        raise CLIError(
+            f"--num-nodes {low}:{high} lets nodes leave and join while the job runs, which needs an elastic rendezvous:"
+            " drop --standalone/--rdzv-backend static (c10d at --main-address:--main-port is then used), or give a"
+            " fixed number of nodes."
+        )
     if args.standalone:
         if args.num_nodes != 1:
             raise CLIError("--standalone runs the rendezvous on this node alone: it cannot be used with --num-nodes > 1.")
@@ -440,7 +463,7 @@ def _rendezvous_arguments(args: Any) -> list[str]:
 def torchrun_arguments(args: Any, nprocs: int) -> list[str]:
     """The command line given to torch's elastic launcher (``torch.distributed.run``), derived from the options'
     declarations (:attr:`_Option.forward`)."""
-    command = [f"--nproc-per-node={nprocs}", f"--nnodes={args.num_nodes}", *_rendezvous_arguments(args)]
+    command = [f"--nproc-per-node={nprocs}", f"--nnodes={nodes_text(args)}", *_rendezvous_arguments(args)]
     for option in ELASTIC_OPTIONS:
         value = getattr(args, option.dest)
         if option.forward == "always" or option.forward == "given" and value is not None:
@@ -455,6 +478,8 @@ def prepare_environment(args: RunArgs, nprocs: int, devices: str) -> dict[str, s
     values = {CLI_FLAG: "1"}
     for option in ALL_OPTIONS:
         value = devices if option.dest == "devices" else getattr(args, option.dest)
+        if option.dest == "num_nodes":
+            value = nodes_text(args)  # MIN:MAX: each attempt's Fabric takes the count its launcher started
         if option.fabric_setting and value is not None:
             values[CLI_SETTINGS[option.dest]] = str(value)
     if args.hang_timeout is not None:
@@ -466,7 +491,7 @@ def prepare_environment(args: RunArgs, nprocs: int, devices: str) -> dict[str, s
     from fabric_core.runtime.run import job_environment
 
     meeting = None
-    if args.num_nodes > 1:
+    if max_nodes(args) > 1:
         meeting = f"{args.rdzv_endpoint or f'{args.main_address}:{args.main_port}'}/{args.rdzv_id or ''}"
     values.update(job_environment(new=True, rendezvous=meeting))
     os.environ.update(values)
@@ -480,20 +505,30 @@ def run_main(args: RunArgs) -> int:
     try:
         if not args.module and not os.path.isfile(args.script):
             raise CLIError(f"SCRIPT {args.script!r} does not exist (use -m to run a module).")
-        if args.num_nodes < 1:
+        if max_nodes(args) < 1:
             raise CLIError(f"--num-nodes must be a positive integer, got {args.num_nodes}.")
-        if not 0 <= args.node_rank < args.num_nodes:
-            raise CLIError(f"--node-rank must be between 0 and {args.num_nodes - 1}, got {args.node_rank}.")
+        if not 0 <= args.node_rank < max_nodes(args):
+            raise CLIError(f"--node-rank must be between 0 and {max_nodes(args) - 1}, got {args.node_rank}.")
         check_elastic(args)
         _check_installed("strategy", args.strategy)
         _check_installed("precision", args.precision)
         _check_installed("accelerator", args.accelerator)
-        nprocs, devices = processes_per_node(args.accelerator, args.strategy, args.devices, args.num_nodes)
+        nprocs, devices = processes_per_node(args.accelerator, args.strategy, args.devices, max_nodes(args))
         launcher = script_launcher(args)
+        if launcher is not None and isinstance(args.num_nodes, tuple):
+            raise CLIError(
+                f"--num-nodes {nodes_text(args)} (elastic) is for torchrun's agents, which come and go with their"
+                f" nodes; --launcher {args.launcher!r} starts a fixed number of nodes: give one."
+            )
     except CLIError as err:
         print(f"Usage: {USAGE}\nfabric run: error: {err}", file=sys.stderr)
         return 2
     environment = prepare_environment(args, nprocs, devices)
+    if isinstance(args.num_nodes, tuple):
+        # torch's c10d rendezvous shares one TCPStore between the rounds of an elastic job by default; a node that
+        # joins a later round then waits for a store address that the round's rank 0 does not publish again (it
+        # kept its own from round 0), and both agents time out after 60 s. Each round builds its own instead.
+        os.environ.setdefault(ELASTIC_STORE_VARIABLE, "1")
     if launcher is not None:
         from fabric_core.launchers.base import ScriptRequest
 

@@ -60,12 +60,15 @@ def apply_cli_settings(args: dict[str, Any]) -> dict[str, Any]:
             continue
         cli_value: Any = os.environ[var]
         if key == "num_nodes":
-            cli_value = int(cli_value)
+            from fabric_core.environments.torchrun_variables import node_count
+
+            cli_value = node_count(cli_value, var)
         given = args[key]
         if given != _DEFAULTS[key] and not isinstance(given, (Strategy, Accelerator)) and str(given) != str(cli_value):
             option = _CLI_OPTION.get(key, f"--{key}")
+            shown = os.environ[var]
             raise ValueError(
-                f"Your code has `Fabric({key}={given!r}, ...)` but it conflicts with the value `{option}={cli_value}`"
+                f"Your code has `Fabric({key}={given!r}, ...)` but it conflicts with the value `{option}={shown}`"
                 " set through the CLI.  Remove it either from the CLI or from the Fabric object."
             )
         if not isinstance(given, (Strategy, Accelerator)):
@@ -88,6 +91,28 @@ def _warn_ungated_settings() -> None:
         " (`ScriptRequest.process_environment`); otherwise pass the values to `Fabric(...)` or unset the variables.",
         stacklevel=4,
     )
+
+
+def elastic_node_count(nodes: tuple[int, int], env: ClusterEnvironment | None, num_devices: int) -> int:
+    """The nodes of this attempt of an elastic job (``fabric run --num-nodes MIN:MAX``): the launcher's world over
+    its processes per node (``LOCAL_WORLD_SIZE``, as torchrun exports it; else ``devices``), checked against the range."""
+    low, high = nodes
+    if env is None:
+        raise ValueError(
+            f"`num_nodes={low}:{high}` (an elastic range) needs a launcher that says how many nodes joined this time,"
+            " such as `fabric run --num-nodes MIN:MAX` (torchrun's elastic agent); none started this process."
+        )
+    from fabric_core.environments.base import env_int
+
+    world = env.world_size()
+    per_node = env_int("LOCAL_WORLD_SIZE", default=num_devices) or num_devices
+    count = world // per_node
+    if world % per_node or not low <= count <= high:
+        raise ValueError(
+            f"The launcher started {world} processes, {per_node} per node, but the job's nodes may only number"
+            f" {low} to {high} (`--num-nodes {low}:{high}`): start {per_node} processes on each of {low} to {high} nodes."
+        )
+    return count
 
 
 def apply_torchrun_variables(args: dict[str, Any]) -> dict[str, Any]:
@@ -396,6 +421,11 @@ def resolve(
         {"accelerator": accelerator, "strategy": strategy, "devices": devices, "num_nodes": num_nodes, "precision": precision}
     ))
     accelerator, strategy, devices, num_nodes, precision = (args[k] for k in ("accelerator", "strategy", "devices", "num_nodes", "precision"))
+    # `fabric run --num-nodes MIN:MAX`: this attempt's count comes from the launcher below; strategies are chosen for
+    # the largest world (a job that shrank to one process is still a data-parallel job)
+    node_range = num_nodes if isinstance(num_nodes, tuple) else None
+    if node_range is not None:
+        num_nodes = node_range[1]
     if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
         raise ValueError(f"`num_nodes` must be a positive integer, but got {num_nodes!r}.")
     user = _UserPlugins(*_split_plugins(plugins))
@@ -422,6 +452,8 @@ def resolve(
         choice = choose_strategy(registry, strategy, accelerator_obj, len(device_list), num_nodes)
         strategy_obj = choice if isinstance(choice, Strategy) else registry.create("strategy", choice)
         strategy = choice if isinstance(choice, str) else strategy  # the strategy used, named as the reference does
+    if node_range is not None:
+        num_nodes = elastic_node_count(node_range, environment, len(device_list))
     precision_obj = _resolve_precision(registry, precision, user, strategy_obj, accelerator_obj)
     precision_obj.configure(accelerator_obj.device_type)
     # The one binding step: the strategy receives every decision at once and is complete on return.

@@ -9,7 +9,9 @@ step STOP (without saving, as a failure between two checkpoints would; omitted: 
 
 * ``kept``: the user's per-rank batch of 4 kept (the global batch follows the number of ranks);
 * ``fixed``: ``setup_dataloaders(..., global_batch_size=24)``;
-* ``slow``: as ``kept``, with a pause after every step (for tests that kill a process mid-run).
+* ``slow``: as ``kept``, with a pause after every step (``ELASTIC_PAUSE`` seconds, default 0.3: for tests that kill
+  a process mid-run). A test holds a run before a step with the file ``OUT/<name>/gate`` (``WORLD STEPS``: at that
+  world size, after STEPS steps of an attempt), so a phase of the test cannot end the run too soon.
 
 96 samples (a ``StatefulDataLoader(shuffle=True)``), 2 epochs, SGD, float64 (``64-true``), a checkpoint every 2 steps
 with ``RandomStates``. Rank 0 appends ``{"resumed", "world", "t", "draws"}`` (what every rank's torch generator draws
@@ -66,8 +68,12 @@ def train(fabric: Fabric, folder: Path, kind: str, stop: int | None = None, paus
         record = {"resumed": state["step"], "world": fabric.world_size, "t": time.time(), "draws": draws}
         progress.write(json.dumps(record) + "\n")
         progress.flush()
+    done_here = 0
     while state["epoch"] < EPOCHS:
         for x, y in loader:  # after a load: the rest of the saved epoch
+            while _held(folder, fabric.world_size, done_here):
+                time.sleep(0.05)
+            done_here += 1
             loss = nn.functional.mse_loss(net(x), y) * loader.share_weight
             optimizer.zero_grad()
             fabric.backward(loss)
@@ -93,16 +99,28 @@ def train(fabric: Fabric, folder: Path, kind: str, stop: int | None = None, paus
     return "done"
 
 
+def _held(folder: Path, world: int, done: int) -> bool:
+    """The test's gate (``OUT/<name>/gate``: ``WORLD STEPS``): at that world size, stop before a step once this attempt
+    has taken STEPS steps, until the gate changes (or a resize restarts the worker)."""
+    try:
+        size, steps = (int(v) for v in (folder / "gate").read_text().split())
+    except (OSError, ValueError):
+        return False
+    return world == size and done >= steps
+
+
 def main() -> None:
     out, strategy, *runs = sys.argv[1:]
     world = int(os.environ.get("WORLD_SIZE", "1"))
     under_cli = os.environ.get("FABRIC_CLI_USED") == "1"
     fabric = Fabric(accelerator="cpu", strategy=strategy, precision="64-true", **({} if under_cli else {"devices": world}))
-    fabric.launch()
+    if not under_cli:  # `fabric run` started the processes
+        fabric.launch()
     for run in runs:
         name, _, stop = run.partition(":")
         kind = "kept" if name.startswith("slow") else name.split("-")[0]
-        result = train(fabric, Path(out) / name, kind, int(stop) if stop else None, pause=0.3 if name.startswith("slow") else 0.0)
+        pause = float(os.environ.get("ELASTIC_PAUSE", "0.3")) if name.startswith("slow") else 0.0
+        result = train(fabric, Path(out) / name, kind, int(stop) if stop else None, pause=pause)
         fabric.print(f"RUN {name} {result} world={fabric.world_size}", flush=True)
 
 

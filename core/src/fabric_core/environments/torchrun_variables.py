@@ -64,6 +64,13 @@ def parse_nodes(text: str, name: str = NNODES) -> tuple[int, int]:
     return low, high
 
 
+def node_count(text: str, name: str = "--num-nodes") -> int | tuple[int, int]:
+    """A node count as ``fabric run --num-nodes`` and ``FABRIC_NUM_NODES`` give it: ``N``, or ``MIN:MAX`` for an elastic
+    job (returned as the pair ``(MIN, MAX)``; ``N:N`` is ``N``)."""
+    low, high = parse_nodes(text, name)
+    return low if low == high else (low, high)
+
+
 def parse_processes_per_node(text: str, name: str = NPROC_PER_NODE) -> int:
     """torchrun's processes per node: a number, or one of its words (``auto``, ``cpu``, ``gpu``, ``xpu``) counted
     by torchrun's own rule (``torch.distributed.run.determine_local_world_size``)."""

@@ -166,8 +166,8 @@ class RandomStates:
         captured = _capture()
         captured["data_parallel_rank"] = torch.tensor(rank)
         gathered = fabric.all_gather(captured)
-        if fabric.world_size == 1:  # all_gather adds no rank dimension for a single process
-            gathered = {key: value.unsqueeze(0) for key, value in gathered.items()}
+        # one process's all_gather may add no rank dimension (a single device's does not, a 1-process group's does)
+        gathered = {k: v.unsqueeze(0) if v.dim() == captured[k].dim() else v for k, v in gathered.items()}
         return {
             "world_size": fabric.world_size,
             "data_parallel_size": size,
