@@ -1,5 +1,6 @@
 """Elastic scenarios as real jobs, shared by the tests (which judge them) and the ``elastic`` benchmark section (which
-times them): ``fabric run --num-nodes 1:2`` agents on loopback that lose a node and gain one.
+times them): a restart on fewer ranks, ``fabric run --num-nodes 1:2`` agents on loopback that lose a node and gain
+one, and Ray Train with ``num_workers=(1, 2)`` on the two-node test cluster.
 
 Every job is started with ``tests/jobs.py`` and ended by pid with everything below it (torchrun's agent starts each
 worker in a session of its own, so a session kill would leave it running).
@@ -9,9 +10,11 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tests.jobs import Job, fabric_command, free_port, job_env, kill_tree, start_job, wait_until
 
@@ -33,17 +36,56 @@ def steps_at(run: Path, world: int, after: float = 0.0) -> list[dict]:
 
 
 @dataclass
-class AgentsResult:
+class ScenarioResult:
     run: Path
     outputs: dict[str, str] = field(default_factory=dict)
     codes: dict[str, int] = field(default_factory=dict)
-    #: seconds from the SIGKILL of the second node to rank 0's first step at 1 rank
+    #: seconds from the failure (a SIGKILL) to rank 0's first step at the smaller size
     shrink_s: float = 0.0
-    #: seconds from the start of the new agent to rank 0's first step at 2 ranks
+    #: seconds from the start of the new node (agent, Ray node) to rank 0's first step at the larger size
     grow_s: float = 0.0
 
 
-def agents_scenario(out: Path, strategy: str = "ddp", pause: float = 0.2, timeout: float = 240) -> AgentsResult:
+def restart_scenario(out: Path, strategy: str = "ddp", pause: float = 0.2, timeout: float = 240) -> ScenarioResult:
+    """A job restarted by its user or scheduler on fewer ranks: 4 ranks (started as torchrun would) are SIGKILLed
+    after 3 steps and 2 ranks started at once; they resume from the last checkpoint."""
+    run = out / "slow"
+    run.mkdir(parents=True, exist_ok=True)
+    result = ScenarioResult(run)
+
+    def ranks(world: int) -> list[Job]:
+        port = str(free_port())
+        return [
+            start_job(
+                [sys.executable, str(TRAIN), str(out), strategy, "slow"],
+                out / f"w{world}-rank{rank}.log",
+                job_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                        MASTER_PORT=port, OMP_NUM_THREADS="1", ELASTIC_PAUSE=str(pause)),  # fmt: skip
+            )
+            for rank in range(world)
+        ]
+
+    first: list[Job] = []
+    second: list[Job] = []
+    try:
+        first = ranks(4)
+        assert wait_until(lambda: len(steps_at(run, 4)) >= 3, timeout), first[0].output()[-3000:]
+        killed = time.time()
+        for job in first:
+            kill_tree(job.pid)
+        second = ranks(2)
+        assert wait_until(lambda: steps_at(run, 2, killed), timeout), second[0].output()[-3000:]
+        result.shrink_s = steps_at(run, 2, killed)[0]["t"] - killed
+        for rank, job in enumerate(second):
+            result.codes[f"rank{rank}"] = job.wait(timeout)
+    finally:
+        for job in first + second:
+            kill_tree(job.pid)
+        result.outputs = {f"rank{rank}": job.output() for rank, job in enumerate(second)}
+    return result
+
+
+def agents_scenario(out: Path, strategy: str = "ddp", pause: float = 0.2, timeout: float = 240) -> ScenarioResult:
     """Two ``fabric run --num-nodes 1:2`` agents on loopback (one process each) train ``slow`` (see
     ``scripts/elastic_train.py``); the agent that does not host the rendezvous store is SIGKILLed with its worker after
     3 steps at 2 ranks; the other one's worker fails, the agent restarts it alone and it resumes from the last
@@ -68,7 +110,7 @@ def agents_scenario(out: Path, strategy: str = "ddp", pause: float = 0.2, timeou
         with socket.socket() as s:
             return s.connect_ex(("127.0.0.1", port)) == 0
 
-    result = AgentsResult(run)
+    result = ScenarioResult(run)
     jobs: dict[str, Job] = {}
 
     def explain(*names: str) -> str:
@@ -94,4 +136,31 @@ def agents_scenario(out: Path, strategy: str = "ddp", pause: float = 0.2, timeou
         for job in jobs.values():
             kill_tree(job.pid)
         result.outputs = {name: job.output() for name, job in jobs.items()}
+    return result
+
+
+def ray_scenario(cluster: Any, out: Path, pause: float = 0.2, timeout: float = 420) -> ScenarioResult:
+    """``tests/plugins/ray/ray_job.py elastic`` on ``cluster`` (``tests/plugins/ray/conftest.py``): 2 workers, one per
+    node; after 3 steps the second node is removed (everything of it SIGKILLed), Ray restarts the group with 1 worker;
+    after 3 steps at 1 worker a node is added back and Ray grows the group to 2."""
+    run = out / "slow"
+    run.mkdir(parents=True, exist_ok=True)
+    gate = run / "gate"
+    gate.write_text("1 0")  # a lone worker waits for the second node's worker
+    result = ScenarioResult(run)
+    driver = Path(__file__).parent / "ray" / "ray_job.py"
+    job = start_job([sys.executable, str(driver), "elastic", str(out), str(pause)], out / "driver.log", cluster.env())
+    try:
+        assert wait_until(lambda: len(steps_at(run, 2)) >= 3, timeout), job.output()[-5000:]
+        gate.write_text("1 3")
+        removed = cluster.remove_second_node()
+        assert wait_until(lambda: len(steps_at(run, 1, removed)) >= 3, timeout), job.output()[-5000:]
+        result.shrink_s = steps_at(run, 1, removed)[0]["t"] - removed
+        added = cluster.add_second_node()
+        assert wait_until(lambda: steps_at(run, 2, added), timeout), job.output()[-5000:]
+        result.grow_s = steps_at(run, 2, added)[0]["t"] - added
+        result.codes["driver"] = job.wait(timeout)
+    finally:
+        kill_tree(job.pid)
+        result.outputs["driver"] = job.output()
     return result

@@ -20,12 +20,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from tests.jobs import free_port, job_env, kill_session, session_processes, start_job, wait_until
+from tests.jobs import free_port, job_env, kill_session, kill_tree, session_processes, start_job, wait_until
 
 RAY = Path(sys.executable).parent / "ray"
 NODE_CPUS = 2
@@ -36,6 +37,29 @@ START_TIMEOUT = 180.0  # a busy shared machine: the second node took over 90 s t
 class RayCluster:
     address: str
     tmpdir: Path
+    #: every node started for the cluster (a removed one stays listed: teardown ends whatever is left of it)
+    nodes: list = field(default_factory=list)
+    logs: Path | None = None
+
+    def remove_second_node(self) -> float:
+        """The second node fails: its ``ray start`` and everything below it (raylet, Ray's workers) SIGKILLed at once.
+        Returns the wall time of the kill."""
+        node = self.nodes[-1]
+        killed = time.time()
+        kill_tree(node.pid)
+        for pid in cluster_processes(self.tmpdir):  # whatever of that node left its process tree (Ray's workers)
+            if SECOND_IP in _command_line(pid):
+                kill_tree(pid)
+        assert wait_until(lambda: _alive_nodes(self) == 1, START_TIMEOUT, 1.0), "Ray still counts the removed node"
+        return killed
+
+    def add_second_node(self) -> float:
+        """A new second node joins (same address as the removed one); returns the wall time it was started."""
+        started = time.time()
+        log = (self.logs or self.tmpdir) / f"node2-{len(self.nodes)}.log"
+        self.nodes.append(_node(self.tmpdir, log, SECOND_IP, "--address", self.address))
+        assert wait_until(lambda: _alive_nodes(self) == 2, START_TIMEOUT, 1.0), self.nodes[-1].output()[-3000:]
+        return started
 
     def env(self, **extra: str) -> dict[str, str]:
         """A job's environment that reaches this cluster (and only it)."""
@@ -111,15 +135,23 @@ def _diagnosis(tmpdir: Path, *jobs) -> str:
 
 @pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
-    logs = tmp_path_factory.mktemp("ray-cluster")
+    with running_cluster(tmp_path_factory.mktemp("ray-cluster")) as cluster:
+        yield cluster
+
+
+@contextmanager
+def running_cluster(logs: Path) -> Iterator[RayCluster]:
+    """The two-node cluster for as long as the block runs (the fixture's; the ``elastic`` benchmark section's too)."""
     tmpdir = Path(tempfile.mkdtemp(prefix="fr", dir="/tmp"))  # short: Ray's socket paths live below it
     port = free_port()
-    cluster = RayCluster(f"{HEAD_IP}:{port}", tmpdir)
+    cluster = RayCluster(f"{HEAD_IP}:{port}", tmpdir, logs=logs)
     head = _node(tmpdir, logs / "head.log", HEAD_IP, "--head", "--port", str(port), "--include-dashboard", "false")
+    cluster.nodes.append(head)
     worker = None
     try:
         assert wait_until(lambda: (tmpdir / "ray" / "session_latest").exists(), START_TIMEOUT, 0.5), head.output()[-3000:]
         worker = _node(tmpdir, logs / "node2.log", SECOND_IP, "--address", cluster.address)
+        cluster.nodes.append(worker)
         deadline = time.monotonic() + START_TIMEOUT
         while _alive_nodes(cluster) < 2:
             assert time.monotonic() < deadline, f"the second node did not join:\n{_diagnosis(tmpdir, head, worker)}"
@@ -127,18 +159,18 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster
             time.sleep(1)
         yield cluster
     finally:
-        for job in (worker, head):
-            if job is not None and job.process.poll() is None:
+        started = list(reversed(cluster.nodes))  # the head last
+        for job in started:
+            if job.process.poll() is None:
                 os.killpg(job.pid, signal.SIGTERM)
-        for job in (worker, head):
-            if job is not None:
-                try:
-                    job.process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    kill_session(job.pid)
+        for job in started:
+            try:
+                job.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                kill_session(job.pid)
         def remaining() -> list[int]:
             # Ray's workers rename themselves (`ray::IDLE`): they are found by session, and may still be exiting
-            return cluster_processes(tmpdir) + [p for j in (worker, head) if j is not None for p in session_processes(j.pid)]
+            return cluster_processes(tmpdir) + [p for j in started for p in session_processes(j.pid)]
 
         wait_until(lambda: not remaining(), 40, 0.5)
         left = remaining()

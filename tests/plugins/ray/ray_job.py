@@ -12,6 +12,9 @@ prints one ``RESULT {...}`` line per fit. Scenarios:
   plugins/ray/README.md for a cluster of fixed size: ``FailureConfig(controller_failure_limit=0)`` and a short
   ``RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S`` (here 5 s, through the job's ``runtime_env``). Without them Ray 2.60
   waits 60 s and retries without end.
+* ``elastic PAUSE``: ``ScalingConfig(num_workers=(1, 2))`` with one worker per node and
+  ``FailureConfig(max_failures=3)``: the ``slow`` run of ``tests/plugins/scripts/elastic_train.py`` (``loggers="ray"``),
+  which the test shrinks and grows by removing and adding the second node.
 * ``resume NAME``: 20 steps with ``loggers="ray"``, a checkpoint every 5 steps, ``FailureConfig(max_failures=1)``;
   rank 1 writes its pid and step to ``OUT/progress`` (the test may SIGKILL it). A restarted worker first empties
   its node's checkpoint folder, as on a fresh machine, so it can only resume from Ray's storage.
@@ -170,6 +173,19 @@ def resume_loop(config: dict) -> None:
         torch.save({k: v.detach().clone() for k, v in model.module.state_dict().items()}, config["weights"])
 
 
+def elastic_loop(config: dict) -> None:
+    """The elastic run of ``tests/plugins/scripts/elastic_train.py`` (its ``slow`` run) inside a Ray Train worker, with
+    ``loggers="ray"``: every checkpoint is reported to Ray, and a restarted worker group resumes from it."""
+    sys.path.insert(0, config["scripts"])
+    import elastic_train
+
+    from fabric_core import Fabric
+
+    fabric = Fabric(accelerator="cpu", strategy="ddp", precision="64-true", loggers="ray")
+    fabric.launch()  # starts nothing under Ray Train
+    elastic_train.train(fabric, Path(config["out"]) / "slow", "kept", pause=config["pause"])
+
+
 def fit(loop, config: dict, scaling: ScalingConfig, run: RunConfig | None = None) -> object:
     trainer = TorchTrainer(loop, train_loop_config=config, scaling_config=scaling, run_config=run or RunConfig(storage_path=config["out"], name=config["name"]))
     return trainer.fit()
@@ -197,6 +213,18 @@ def main() -> int:
         except Exception as err:
             print("FAILED", type(err).__name__, err, flush=True)
             return 3
+    elif scenario == "elastic":
+        # one worker per node (each takes both CPUs of its node): 1 or 2 workers, as many as the cluster has nodes
+        config = {"out": out, "scripts": str(Path(__file__).parents[1] / "scripts"), "pause": float(args[0])}
+        scaling = ScalingConfig(num_workers=(1, 2), resources_per_worker={"CPU": 2}, elastic_resize_monitor_interval_s=2.0)
+        run = RunConfig(
+            storage_path=str(Path(out) / "storage"),
+            name="elastic",
+            failure_config=FailureConfig(max_failures=3),
+            checkpoint_config=CheckpointConfig(num_to_keep=2),
+        )
+        result = fit(elastic_loop, config, scaling, run)
+        print("RESULT", json.dumps({"checkpoint": result.checkpoint.path if result.checkpoint else None}), flush=True)
     elif scenario == "resume":
         name = args[0]
         config = {"out": out, "name": name, "ckpts": str(Path(out) / f"{name}-local"), "weights": str(Path(out) / f"{name}.pt")}
