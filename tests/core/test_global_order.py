@@ -162,3 +162,27 @@ def test_one_process_with_a_fixed_global_batch_takes_all_of_it_and_saves_its_pos
     assert len(next(iterator)[0]) == 8
     next(iterator)
     assert loader.state_dict()["fabric_position"] == 16
+
+
+def test_shares_can_follow_a_changing_membership_batch_by_batch():
+    """For fault-tolerant replica groups (issue 41): the shares of each global batch come from the members alive when
+    it is drawn; with the per-rank batch kept every sample is still drawn once."""
+    members = [2, 2, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3]  # live members per global batch: one leaves, two join
+
+    def sampler(member: int) -> GlobalOrderSampler:
+        counts = iter(members)
+
+        def membership() -> tuple[int, int]:
+            live = next(counts)
+            return min(member, live - 1), live  # a member beyond the live ones would take no part: here it repeats
+
+        return GlobalOrderSampler(range(30), 2, 0, seed=1, batch_size=2, membership=membership)
+
+    steps = [list(sampler(member).steps()) for member in range(3)]
+    covered: Counter = Counter()
+    for k, live in enumerate(members[: len(steps[0])]):
+        for member in range(live):
+            step = steps[member][k]
+            assert (step.share, step.shares) == (member, live) and step.end - step.start <= 2 * live
+            covered.update(step.indices[: len(step.indices) - step.padding])
+    assert set(covered) == set(range(30)) and max(covered.values()) == 1

@@ -14,6 +14,8 @@ import pytest
 from fabric_core.runtime.ledger import report
 from tests.plugins.elastic_scenarios import progress, ray_scenario
 
+pytestmark = [pytest.mark.multiprocess]
+
 TIMEOUT = 420
 
 

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from fabric_core.utilities.warnings import disable_possible_user_warnings
 
 __all__ = [
+    "GlobalOrderSampler",
     "MisconfigurationException",
     "RunInfo",
     "Throughput",
@@ -49,6 +50,7 @@ __getattr__, __dir__ = lazy_exports(
     __name__,
     "fabric-core",
     {
+        "GlobalOrderSampler": "fabric_core.utilities.global_order",
         "RunInfo": "fabric_core.runtime.run",
         "Throughput": "fabric_core.runtime.throughput",
         "ThroughputMonitor": "fabric_core.runtime.throughput",
@@ -72,5 +74,5 @@ __getattr__, __dir__ = lazy_exports(
         "seed_everything": "fabric_core.utilities.seed",
         "disable_possible_user_warnings": "fabric_core.utilities.warnings",
     },
-    submodules=("data", "dtensor", "seed"),
+    submodules=("data", "dtensor", "global_order", "seed"),
 )

@@ -206,13 +206,11 @@ class GlobalOrderSampler(DistributedSampler):
             raise ValueError(f"membership() returned share {share} of {shares}: a share index is 0 <= index < count.")
         return share, shares
 
-    def steps(self, start: int | None = None) -> Iterator[Step]:
-        """This rank's steps of the current epoch from ``start`` (default: :attr:`start`), as the next pass draws them."""
+    def _global_batches(self, position: int, shares_of: Callable[[], tuple[int, int]]) -> Iterator[tuple[int, int, int, int]]:
+        """``(start, padded length, share, shares)`` of every global batch from ``position`` to the epoch's end."""
         size = self.size
-        position = self.start if start is None else start
-        samples: list[Any] | None = None
         while position < size:
-            share, shares = self._shares()
+            share, shares = shares_of()
             global_batch = self.global_batch_size(shares)
             if global_batch < shares:
                 raise ValueError(
@@ -227,14 +225,20 @@ class GlobalOrderSampler(DistributedSampler):
                 return
             else:
                 length = last_step_length(remaining, global_batch, shares)
-            if samples is None:
+            yield position, length, share, shares
+            position = min(position + length, size)
+
+    def steps(self, start: int | None = None) -> Iterator[Step]:
+        """This rank's steps of the current epoch from ``start`` (default: :attr:`start`), as the next pass draws them."""
+        size = self.size
+        samples: list[Any] | None = None
+        for position, length, share, shares in self._global_batches(self.start if start is None else start, self._shares):
+            if samples is None:  # materialised once per pass, when the first batch is drawn
                 samples = self.dataset.samples(self.seed, self.epoch, self.shuffle)  # type: ignore[attr-defined]
             picked = share_positions(position, position + length, share, shares)
             indices = tuple(samples[p] if p < size else samples[(p - size) % size] for p in picked)
             padding = sum(1 for p in picked if p >= size)
-            end = min(position + length, size)
-            yield Step(self.epoch, position, end, share, shares, indices, padding)
-            position = end
+            yield Step(self.epoch, position, min(position + length, size), share, shares, indices, padding)
 
     def __iter__(self) -> Iterator[Any]:
         drawn: deque[Step] = deque()
@@ -245,8 +249,12 @@ class GlobalOrderSampler(DistributedSampler):
 
     def __len__(self) -> int:
         """This rank's samples from :attr:`start` to the epoch's end (with ``membership``: if the shares stay as
-        ``rank``/``num_replicas`` say)."""
-        return sum(len(step.indices) for step in self._counted_steps())
+        ``rank``/``num_replicas`` say). Counted without materialising the order."""
+        fixed = (self.rank, self.num_replicas)
+        return sum(
+            len(share_positions(position, position + length, share, shares))
+            for position, length, share, shares in self._global_batches(self.start, lambda: fixed)
+        )
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch here and in a wrapped sampler, so both reshuffle alike on every rank."""
@@ -255,22 +263,6 @@ class GlobalOrderSampler(DistributedSampler):
         forward = getattr(order.source, "set_epoch", None) if order.wrapped else None
         if callable(forward):
             forward(epoch)
-
-    def _counted_steps(self) -> Iterator[Step]:
-        # lengths only: the order's samples are not needed to count, so no wrapped sampler is materialised
-        size, position = self.size, self.start
-        global_batch = self.global_batch_size()
-        while position < size:
-            remaining = size - position
-            if remaining >= global_batch:
-                length = global_batch
-            elif self.global_drop_last:
-                return
-            else:
-                length = last_step_length(remaining, global_batch, self.num_replicas)
-            count = len(share_positions(position, position + length, self.rank, self.num_replicas))
-            yield Step(self.epoch, position, min(position + length, size), self.rank, self.num_replicas, (None,) * count)
-            position = min(position + length, size)
 
     def next_drawn(self) -> Step | None:
         """The record of the oldest batch drawn but not yet handed out (``FabricDataLoader`` takes one per batch)."""
