@@ -46,7 +46,9 @@ def _scenario(path: str, work: Path) -> Any:
         return elastic_scenarios.agents_scenario(work)
     from tests.plugins.ray.conftest import running_cluster
 
-    with running_cluster(work / "cluster-logs") as cluster:
+    logs = work / "cluster-logs"
+    logs.mkdir()
+    with running_cluster(logs) as cluster:
         return elastic_scenarios.ray_scenario(cluster, work / "out")
 
 
