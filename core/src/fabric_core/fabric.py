@@ -387,7 +387,7 @@ class Fabric:
 
         Under a data-parallel strategy the ranks take shares of one global order that does not depend on their
         number, so a checkpoint resumes on any number of ranks without losing or repeating a sample
-        (docs/decisions.md, "Elastic data"). ``global_batch_size`` keeps the global batch at that size whatever the
+        (docs/decisions.md, "Elastic training"). ``global_batch_size`` keeps the global batch at that size whatever the
         number of ranks: each rank's batch becomes its share of it (the loader's ``batch_size`` is replaced).
         """
         self._validate_launched()

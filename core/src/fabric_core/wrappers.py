@@ -651,7 +651,7 @@ class FabricDataLoader:
     @property
     def share_weight(self) -> float:
         """The factor for this rank's mean loss that makes data-parallel averaging the global batch's mean (1.0 unless a
-        fixed ``global_batch_size`` does not divide by the number of ranks; see docs/decisions.md, "Elastic data")."""
+        fixed ``global_batch_size`` does not divide by the number of ranks; see docs/decisions.md, "Elastic training")."""
         order = self._global_order()
         return order.share_weight() if order is not None else 1.0
 

@@ -154,7 +154,7 @@ class RandomStates:
     :func:`resized_seed` ``(checkpoint_key(saved generators), data-parallel rank)``: a function of the checkpoint and
     of the rank's data-parallel coordinate alone, so a resume is reproducible, ranks draw different numbers, processes
     that share a data-parallel rank (tensor- or pipeline-parallel peers, which see the same samples) draw the same ones,
-    and no rank replays the numbers of the run before. docs/decisions.md, "Elastic data", describes the mapping.
+    and no rank replays the numbers of the run before. docs/decisions.md, "Elastic training", describes the mapping.
     """
 
     def __init__(self, fabric: _Ranks) -> None:

@@ -285,7 +285,7 @@ def global_order_sampler_for(
     dataloader: DataLoader, num_replicas: int, rank: int, seed: int = 0, global_batch_size: int | None = None
 ) -> GlobalOrderSampler | None:
     """The :class:`~fabric_core.utilities.global_order.GlobalOrderSampler` for ``dataloader``, or ``None`` where the
-    order cannot be global (see docs/decisions.md, "Elastic data").
+    order cannot be global (see docs/decisions.md, "Elastic training").
 
     The same choice as :func:`distributed_sampler_for` (a ``RandomSampler`` or ``SequentialSampler`` orders the
     dataset, shuffling as the sampler did; any other finite sampler's output is wrapped), for loaders that batch by
