@@ -5,7 +5,9 @@ The jobs that restart for real are in tests/plugins/ddp/test_elastic_restarts.py
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from torch.distributed.run import get_args_parser
@@ -108,7 +110,8 @@ def test_a_range_of_nodes_is_an_elastic_job_on_a_c10d_rendezvous():
     args = cli_run.parse_run_args(["--num-nodes", "1:2", "--main-port", "4321", "--max-restarts", "3", "train.py"])
     parsed = _parsed_by_torchrun(cli_run.torchrun_arguments(args, 1))
     assert (parsed.nnodes, parsed.rdzv_backend, parsed.rdzv_endpoint, parsed.max_restarts) == ("1:2", "c10d", "127.0.0.1:4321", 3)
-    assert cli_run.prepare_environment(args, 1, "1")["FABRIC_NUM_NODES"] == "1:2"
+    with mock.patch.dict(os.environ):  # prepare_environment exports into this process: keep it out of later tests
+        assert cli_run.prepare_environment(args, 1, "1")["FABRIC_NUM_NODES"] == "1:2"
     parsed = _parsed_by_torchrun(_torchrun(["--num-nodes", "2:4", "--rdzv-backend", "etcd", "--rdzv-endpoint", "e:2379", "train.py"]))
     assert (parsed.nnodes, parsed.rdzv_backend, parsed.rdzv_endpoint) == ("2:4", "etcd", "e:2379")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from unittest import mock
 
 import pytest
 from torch.distributed.run import determine_local_world_size, get_args_parser, parse_min_max_nnodes
@@ -109,7 +110,8 @@ def test_an_elastic_range_reaches_torchrun_as_it_reads_it_and_every_fabric_as_a_
     parsed = get_args_parser().parse_args(line)
     assert parse_min_max_nnodes(parsed.nnodes) == alone["nodes"] == (1, 3)
     assert (parsed.rdzv_backend, parsed.rdzv_endpoint) == alone["rdzv"][:2]
-    assert cli_run.prepare_environment(args, 1, "1")["FABRIC_NUM_NODES"] == "1:3"
+    with mock.patch.dict(os.environ):  # prepare_environment exports into this process: keep it out of later tests
+        assert cli_run.prepare_environment(args, 1, "1")["FABRIC_NUM_NODES"] == "1:3"
     pod(PET_NNODES="3:3")  # MIN = MAX is a fixed count
     assert cli_run.parse_run_args(["train.py"]).num_nodes == 3
 
