@@ -24,6 +24,7 @@ pytestmark = [
 
 @pytest.mark.timeout(900)
 def test_an_elastic_job_shrinks_when_a_node_dies_and_grows_when_one_joins(tmp_path: Path):
+    # multiprocess-check: starts ranks (`fabric run --num-nodes 1:2` agents, in elastic_scenarios.agents_scenario)
     result = agents_scenario(tmp_path)
     assert result.codes == {"a": 0, "c": 0}, {name: out[-3000:] for name, out in result.outputs.items()}
     assert "RUN slow done world=2" in result.outputs["a"] + result.outputs["c"]
