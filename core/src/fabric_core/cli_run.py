@@ -551,15 +551,22 @@ def run_main(args: RunArgs) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
+    from fabric_core.runtime import preemption
+
     with tempfile.TemporaryDirectory(prefix="fabric-run-") as scratch:
         # torchrun copies the failed worker's error file to its own (else it logs an error that it has none).
         own_error_file = "TORCHELASTIC_ERROR_FILE" not in os.environ
         if own_error_file:
             os.environ["TORCHELASTIC_ERROR_FILE"] = os.path.join(scratch, "error.json")
+        # A worker that saved for a preemption notice and exits for a requeue leaves a line here (checkpoint tiers).
+        marker = os.environ.setdefault(preemption.MARKER_VARIABLE, os.path.join(scratch, "preempted"))
+        # Slurm's `--signal=USR1@90` warns every process of the job: the agent stops its workers with it (they save
+        # and exit for a requeue) instead of dying of it.
+        os.environ.setdefault("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
         try:
             torchrun(torchrun_arguments(args, nprocs))
         except SignalException as err:  # SIGINT/SIGTERM: the agent has already stopped the workers
-            return 128 + int(err.sigval)
+            return preemption.requeue_exit_code() if os.path.exists(marker) else 128 + int(err.sigval)
         except ChildFailedError as err:
             return report_failed_workers(err)
         finally:

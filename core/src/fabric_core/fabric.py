@@ -132,6 +132,8 @@ class Fabric:
             raise TypeError(f"`Fabric(run_dir=...)` must be a path (str or os.PathLike), got {run_dir!r}.")
         self._run_dir = run_dir
         self._run_info: RunInfo | None = None
+        #: the checkpoint tiers made by `checkpoint_tiers` (their checkpoints load through them)
+        self._tiers: Any = None
         self._models_setup = 0
         self._launched = False
         #: what `backward` may skip for the strategy's precision (wrappers.FastPaths)
@@ -300,6 +302,8 @@ class Fabric:
         collectives after it raise.
         """
         errors = self._finalize_loggers("success")
+        if self._tiers is not None:
+            self._tiers.close(finished=False)
         self._strategy.teardown()
         if errors:
             raise errors[0]
@@ -814,9 +818,16 @@ class Fabric:
         checkpoint that holds arbitrary Python objects.
         """
         self._validate_launched()
+        tiers = self._tiers if self._tiers is not None and self._tiers.owns(path) else None
+        if tiers is None and isinstance(path, str) and path.startswith("mem://"):
+            raise ValueError(
+                f"{path!r} is a memory snapshot of the checkpoint tiers: create them first (`tiers ="
+                " fabric.checkpoint_tiers(...)`), then `fabric.load(fabric.latest_checkpoint(tiers), state)`."
+            )
         location = io.CheckpointLocation.of(path)  # decided once: a local path or a URL
-        location.check_reachable_by(self.world_size)
-        io.background.wait_for_save(location)  # a save of this path still finishing here lands first
+        if tiers is None:
+            location.check_reachable_by(self.world_size)
+            io.background.wait_for_save(location)  # a save of this path still finishing here lands first
         if self.world_size > 1:
             self._strategy.barrier()  # ... and on every rank: rank 0 may still have been committing it
         if state is not None and not isinstance(state, Mapping):
@@ -826,7 +837,10 @@ class Fabric:
                 " `fabric.load_raw(path, model)` for a file that holds a plain state dict."
             )
         unwrapped = unwrap_objects(state, dataloaders=False) if state is not None else None
-        remainder = self._strategy.load_checkpoint(path=location, state=unwrapped, strict=strict, weights_only=weights_only)
+        if tiers is not None:
+            remainder = tiers.load(path, unwrapped, strict=strict, weights_only=weights_only)
+        else:
+            remainder = self._strategy.load_checkpoint(path=location, state=unwrapped, strict=strict, weights_only=weights_only)
         self._strategy.barrier()
         if state is not None and unwrapped is not None:
             for key, value in unwrapped.items():  # plain values were replaced in the unwrapped copy
@@ -834,14 +848,20 @@ class Fabric:
                     state[key] = value
         return remainder
 
-    def latest_checkpoint(self, series: str | Path) -> str | None:
+    def latest_checkpoint(self, series: Any) -> str | None:
         """The newest complete checkpoint of a numbered series, the same on every rank; ``None`` before the first.
 
         ``series`` is the checkpoints' name with ``*`` for the number (``"ckpts/step-*.ckpt"``, ``"s3://b/run/step-*"``)
         or the path of one of them, as ``keep_last`` understands series. Global rank 0 looks and tells the others,
         so every rank resumes from the same checkpoint even while a save or a prune changes the folder. Resume with
         ``fabric.load(latest, state)``; see :mod:`fabric_core.runtime.resume` for the whole pattern.
+
+        ``series`` may also be the checkpoint tiers (:meth:`checkpoint_tiers`): the newest checkpoint every rank can
+        restore across memory, disk and remote (a collective).
         """
+        if series is not None and series is self._tiers:
+            self._validate_launched()
+            return series.latest()
         checkpoints = io.series.CheckpointSeries.of(series)  # a series without a number is refused on every rank alike
         found: str | None = None
         error: str | None = None
@@ -857,6 +877,26 @@ class Fabric:
         if error is not None:
             raise RuntimeError(f"Looking for the newest checkpoint of {str(series)!r} failed on global rank 0: {error}")
         return found
+
+    def checkpoint_tiers(self, **options: Any) -> Any:
+        """Checkpoints in memory every step (copied to a peer node), on disk and at a URL each at its own interval, and
+        recovery from the fastest complete one (:class:`~fabric_core.runtime.tiers.CheckpointTiers`, whose arguments
+        ``options`` are). Call on every rank, after ``launch()``::
+
+            tiers = fabric.checkpoint_tiers(memory_every=1, disk_every=50)
+            latest = fabric.latest_checkpoint(tiers)
+            if latest is not None:
+                fabric.load(latest, state)
+            ...
+            tiers.save(step, state)   # after every optimizer step
+        """
+        from fabric_core.runtime.tiers import CheckpointTiers
+
+        self._validate_launched()
+        if self._tiers is not None and not self._tiers.closed:
+            self._tiers.close(finished=False)
+        self._tiers = CheckpointTiers(self, unwrap=partial(unwrap_objects, dataloaders=False), **options)
+        return self._tiers
 
     def load_raw(self, path: str | Path, obj: Module | Optimizer, strict: bool = True, *, weights_only: bool | None = None) -> None:
         """Load a plain PyTorch checkpoint (a state dict) into a module or optimizer."""

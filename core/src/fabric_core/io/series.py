@@ -13,6 +13,7 @@ Retention (``fabric.save(..., keep_last=K)``), ``fabric.latest_checkpoint`` and 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from fabric_core.io.location import CheckpointLocation
@@ -66,11 +67,14 @@ class CheckpointSeries:
 
     def latest(self) -> CheckpointLocation | None:
         """The newest member whose save finished, or ``None`` when there is none yet (reads only)."""
+        return next(self.committed_members(), None)
+
+    def committed_members(self) -> Iterator[CheckpointLocation]:
+        """The members whose save finished, newest first (reads only, lazily: the first costs one listing)."""
         for name in reversed(self.members()):
             entry = self.folder.child(name)
             if _committed(entry):
-                return entry
-        return None
+                yield entry
 
     def __repr__(self) -> str:
         return f"CheckpointSeries({str(self.folder.child(self.pattern))!r})"

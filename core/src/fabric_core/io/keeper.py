@@ -1,0 +1,470 @@
+"""The keeper: one small process per node that serves the memory tier's snapshots beyond the training processes.
+
+Started by the first rank of a node that needs it (``python -m fabric_core.io.keeper``, detached in a session of its
+own, so neither a crash of the training processes nor the launcher stopping them takes it down) and bound to the
+launcher's lifetime: it serves while an *owner* (the launcher's process: ``fabric run``'s, torchrun's agent, Ray's
+worker host; restarted training processes register again) lives, and lingers ``FABRIC_MEMORY_LINGER`` seconds
+(default 600) after the last one ended, so that a requeued job on this node finds the snapshots; then it removes the
+node's snapshots and exits. When every rank of the node said the training finished, it removes them at once.
+
+What it does, each over a TCP connection that carries the node's token (``keeper.json``, readable by the user only):
+
+* ``replicate``: send a committed snapshot of this node to a peer node's keeper (``store``), which writes it under a
+  hidden name, checks its CRC-32 while receiving and renames it into place (the commit rule); only the newest
+  request per rank is kept, so a slow link skips snapshots instead of queuing them;
+* ``fetch``: send a snapshot (own or a peer copy) to a restarted rank whose node lost it;
+* ``write``: write a snapshot as a single-file checkpoint on disk or at a URL (the disk tier's asynchronous saves run
+  here, outside the training process and its GIL; torch is imported for the first one only);
+* ``status``, ``register``, ``finished``, ``ping``.
+
+Messages are an 8-byte length and a JSON header, then the files' bytes the header announces. Only the standard
+library is imported until the first ``write``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import socket
+import socketserver
+import struct
+import subprocess
+import sys
+import threading
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+from fabric_core.io import snapshot_store as store
+
+INFO = "keeper.json"
+LOCK = "keeper.lock"
+LOG = "keeper.log"
+LINGER_VARIABLE = "FABRIC_MEMORY_LINGER"
+DEFAULT_LINGER_S = 600.0
+_HEADER = struct.Struct("!Q")
+_RECV_CHUNK = 8 << 20
+
+
+class KeeperError(RuntimeError):
+    """The keeper could not be started or reached, or refused a request (the message says why)."""
+
+
+# ------------------------------------------------------------------------------------------------------ wire
+def send_message(sock: socket.socket, header: dict[str, Any], files: list[tuple[Path, int]] = ()) -> None:
+    raw = json.dumps(header).encode()
+    sock.sendall(_HEADER.pack(len(raw)) + raw)
+    for path, size in files:
+        with open(path, "rb") as f:
+            sent = 0
+            while sent < size:
+                n = os.sendfile(sock.fileno(), f.fileno(), sent, size - sent)
+                if n == 0:
+                    raise ConnectionError(f"{path} ended after {sent} of {size} bytes")
+                sent += n
+
+
+def recv_exact(sock: socket.socket, size: int) -> bytes:
+    out = bytearray(size)
+    view = memoryview(out)
+    got = 0
+    while got < size:
+        n = sock.recv_into(view[got:], size - got)
+        if n == 0:
+            raise ConnectionError(f"connection closed after {got} of {size} bytes")
+        got += n
+    return bytes(out)
+
+
+def recv_message(sock: socket.socket) -> dict[str, Any]:
+    (length,) = _HEADER.unpack(recv_exact(sock, _HEADER.size))
+    if length > 1 << 26:
+        raise ConnectionError("header too large")
+    return json.loads(recv_exact(sock, length))
+
+
+def recv_to_file(sock: socket.socket, path: Path, size: int, crc: int = 0) -> int:
+    """Receive ``size`` bytes into a new file (pages allocated first, so a full tmpfs fails here); returns the CRC."""
+    with open(path, "wb") as f:
+        if size:
+            try:
+                os.posix_fallocate(f.fileno(), 0, size)
+            except OSError as err:
+                if err.errno not in (95, 22):
+                    raise
+        buffer = bytearray(min(size, _RECV_CHUNK) or 1)
+        view = memoryview(buffer)
+        left = size
+        while left:
+            n = sock.recv_into(view, min(left, len(buffer)))
+            if n == 0:
+                raise ConnectionError(f"connection closed with {left} of {size} bytes of {path.name} to come")
+            f.write(view[:n])
+            crc = zlib.crc32(view[:n], crc)
+            left -= n
+    return crc
+
+
+def receive_snapshot(sock: socket.socket, header: dict[str, Any], folder: Path, step: int) -> Path:
+    """Receive the files ``header`` announces into a hidden folder under ``folder``, check the CRC-32 against the
+    manifest while receiving, and commit the snapshot (rename); returns its path. A transfer cut midway leaves only
+    the hidden folder, removed here (or by the next writer if this process dies)."""
+    sizes = header["files"]
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / store.temp_name(step)
+    tmp.mkdir()
+    try:
+        skeleton = recv_exact(sock, sizes[store.SKELETON])
+        (tmp / store.SKELETON).write_bytes(skeleton)
+        crc = recv_to_file(sock, tmp / store.DATA, sizes[store.DATA])
+        manifest_bytes = recv_exact(sock, sizes[store.MANIFEST])
+        manifest = json.loads(manifest_bytes)
+        if manifest.get("data_bytes") != sizes[store.DATA]:
+            raise store.SnapshotChecksumError(f"a copy of step {step} announces {sizes[store.DATA]} data bytes, its manifest {manifest.get('data_bytes')}")
+        found = f"crc32:{zlib.crc32(skeleton, crc):08x}"
+        if found != manifest.get("checksum"):
+            raise store.SnapshotChecksumError(f"the copy of step {step} arrived with checksum {found}, not {manifest.get('checksum')}")
+        (tmp / store.MANIFEST).write_bytes(manifest_bytes)
+        target = folder / store.snapshot_name(step)
+        store.commit(tmp, target)
+        return target
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def send_snapshot(sock: socket.socket, header: dict[str, Any], snapshot: Path) -> None:
+    """Send a committed snapshot (read-locked meanwhile, so pruning leaves it alone) after ``header``."""
+    with store.ReadLock(snapshot / store.DATA):
+        manifest = store.read_manifest(snapshot)
+        files = [
+            (snapshot / store.SKELETON, (snapshot / store.SKELETON).stat().st_size),
+            (snapshot / store.DATA, manifest["data_bytes"]),
+            (snapshot / store.MANIFEST, (snapshot / store.MANIFEST).stat().st_size),
+        ]
+        send_message(sock, {**header, "files": {path.name: size for path, size in files}}, files)
+
+
+# ------------------------------------------------------------------------------------------------------ client
+class KeeperClient:
+    """A connection's worth of requests to a keeper at ``(host, port)`` with its ``token``."""
+
+    def __init__(self, host: str, port: int, token: str, timeout: float | None = 60.0) -> None:
+        self.address = (host, port)
+        self.token = token
+        self.timeout = timeout
+
+    def _connect(self) -> socket.socket:
+        sock = socket.create_connection(self.address, timeout=self.timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+    def request(self, op: str, *, wait: float | None = None, **fields: Any) -> dict[str, Any]:
+        """Send ``op`` and wait for the reply (``wait`` seconds at most, default the client's timeout; a disk write,
+        whose first one imports torch in the keeper, is given longer)."""
+        with self._connect() as sock:
+            send_message(sock, {"op": op, "token": self.token, **fields})
+            if wait is not None:
+                sock.settimeout(wait)
+            reply = recv_message(sock)
+        if not reply.get("ok"):
+            raise KeeperError(f"the keeper at {self.address[0]}:{self.address[1]} refused {op!r}: {reply.get('error')}")
+        return reply
+
+    def fetch(self, key: str, step: int, folder: Path) -> Path:
+        """Copy the keeper's snapshot of ``key`` at ``step`` (its own or a peer copy) into ``folder``, checked and
+        committed there; returns its path."""
+        with self._connect() as sock:
+            send_message(sock, {"op": "fetch", "token": self.token, "key": key, "step": step})
+            reply = recv_message(sock)
+            if not reply.get("ok"):
+                raise KeeperError(f"the keeper at {self.address[0]}:{self.address[1]} has no snapshot of {key} at step {step}: {reply.get('error')}")
+            return receive_snapshot(sock, reply, folder, step)
+
+
+def read_info(root: Path) -> dict[str, Any] | None:
+    try:
+        with open(root / INFO, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    try:  # a zombie (exited, not yet reaped) is gone for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return True
+
+
+def local_client(root: Path) -> KeeperClient | None:
+    """A client of this node's live keeper, or ``None`` when none answers."""
+    info = read_info(root)
+    if info is None or not _pid_alive(int(info.get("pid", 0))):
+        return None
+    client = KeeperClient("127.0.0.1", int(info["port"]), info["token"], timeout=10.0)
+    try:
+        client.request("ping")
+    except (OSError, KeeperError, ValueError):
+        return None
+    return client
+
+
+def ensure_keeper(root: Path, owner: int, timeout: float = 60.0) -> tuple[KeeperClient, int]:
+    """This node's keeper for ``root`` (started when none answers), registered with ``owner`` as a process it serves;
+    returns its client and pid. Ranks of one node starting together start one keeper (a lock file orders them)."""
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    client = local_client(root)
+    if client is None:
+        import fcntl
+
+        with open(root / ".keeper-start.lock", "w") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            client = local_client(root)
+            if client is None:
+                _start(root, owner)
+                deadline = time.monotonic() + timeout
+                while client is None and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    client = local_client(root)
+                if client is None:
+                    log = (root / LOG).read_text(errors="replace")[-2000:] if (root / LOG).exists() else ""
+                    raise KeeperError(f"The memory tier's keeper for {root} did not start within {timeout:.0f} s.\n{log}")
+    client.request("register", owner=owner)
+    info = read_info(root) or {}
+    return client, int(info.get("pid", 0))
+
+
+def _start(root: Path, owner: int) -> None:
+    log = open(root / LOG, "ab")  # noqa: SIM115 - handed to the child
+    try:
+        subprocess.Popen(
+            [sys.executable, "-m", "fabric_core.io.keeper", "--root", str(root), "--owner", str(owner)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,  # not in the launcher's process group: stopping the workers leaves it
+            close_fds=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+    finally:
+        log.close()
+
+
+# ------------------------------------------------------------------------------------------------------ server
+class Keeper:
+    """The keeper's state; one per node and run folder (``keeper.lock`` held while it lives)."""
+
+    def __init__(self, root: Path, owner: int, linger: float) -> None:
+        self.root = root
+        self.token = secrets.token_hex(16)
+        self.owners: set[int] = {owner}
+        self.linger = linger
+        self.finished: set[str] = set()
+        self.expected_ranks: int | None = None
+        self.replicated: dict[str, int] = {}
+        self.errors: list[str] = []
+        self._replicas: dict[str, dict[str, Any]] = {}
+        self._replica_ready = threading.Condition()
+        self._lock = threading.Lock()
+        self.stop = threading.Event()
+        self.remove_on_exit = False
+
+    # ---------------------------------------------------------------------------------- requests
+    def handle(self, sock: socket.socket) -> None:
+        header = recv_message(sock)
+        if not secrets.compare_digest(str(header.get("token", "")), self.token):
+            send_message(sock, {"ok": False, "error": "wrong token"})
+            return
+        op = header.get("op")
+        try:
+            reply = getattr(self, f"op_{op}")(sock, header)
+        except Exception as err:  # the requester gets the reason; the keeper goes on
+            self._note(f"{op}: {type(err).__name__}: {err}")
+            with contextlib.suppress(OSError):
+                send_message(sock, {"ok": False, "error": f"{type(err).__name__}: {err}"})
+            return
+        if reply is not None:
+            send_message(sock, {"ok": True, **reply})
+
+    def _note(self, message: str) -> None:
+        with self._lock:
+            self.errors = (self.errors + [message])[-20:]
+        print(f"[fabric keeper {os.getpid()}] {message}", file=sys.stderr, flush=True)
+
+    def op_ping(self, sock: socket.socket, header: dict[str, Any]) -> dict[str, Any]:
+        return {"pid": os.getpid(), "root": str(self.root)}
+
+    def op_register(self, sock: socket.socket, header: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            self.owners.add(int(header["owner"]))
+            if header.get("ranks"):
+                self.expected_ranks = int(header["ranks"])
+            self.finished.discard(str(header.get("key")))
+        return {}
+
+    def op_finished(self, sock: socket.socket, header: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            self.finished.add(str(header["key"]))
+            self.expected_ranks = int(header.get("ranks") or self.expected_ranks or 1)
+            done = len(self.finished) >= self.expected_ranks
+        if done:  # every rank of the node finished training: the snapshots are no longer needed
+            self.remove_on_exit = True
+            self.stop.set()
+        return {}
+
+    def op_status(self, sock: socket.socket, header: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            return {"replicated": dict(self.replicated), "errors": list(self.errors), "pending": len(self._replicas)}
+
+    def op_replicate(self, sock: socket.socket, header: dict[str, Any]) -> dict[str, Any]:
+        with self._replica_ready:
+            self._replicas[header["key"]] = header  # only the newest snapshot of a rank is worth sending
+            self._replica_ready.notify()
+        return {"queued": True}
+
+    def op_store(self, sock: socket.socket, header: dict[str, Any]) -> dict[str, Any]:
+        folder = store.rank_folder(self.root, store.PEER, header["key"])
+        receive_snapshot(sock, header, folder, int(header["step"]))
+        store.prune(folder, int(header.get("keep_last", 2)), reuse=False)
+        return {}
+
+    def op_fetch(self, sock: socket.socket, header: dict[str, Any]) -> None:
+        key, step = header["key"], int(header["step"])
+        for kind in (store.OWN, store.PEER):
+            snapshot = store.rank_folder(self.root, kind, key) / store.snapshot_name(step)
+            if snapshot.is_dir():
+                send_snapshot(sock, {"ok": True, "kind": kind}, snapshot)
+                return None
+        send_message(sock, {"ok": False, "error": f"no snapshot of {key} at step {step} on this node"})
+        return None
+
+    def op_write(self, sock: socket.socket, header: dict[str, Any]) -> dict[str, Any]:
+        from fabric_core.io.memory import write_file  # torch: imported by the first disk write only
+
+        snapshot = Path(header["snapshot"])
+        started = time.perf_counter()
+        with store.ReadLock(snapshot / store.DATA):
+            write_file(snapshot, header["target"], header.get("storage_options"))
+        return {"seconds": time.perf_counter() - started}
+
+    # ---------------------------------------------------------------------------------- background work
+    def replicate_forever(self) -> None:
+        while not self.stop.is_set():
+            with self._replica_ready:
+                while not self._replicas and not self.stop.is_set():
+                    self._replica_ready.wait(0.5)
+                if self.stop.is_set():
+                    return
+                key = next(iter(self._replicas))
+                request = self._replicas.pop(key)
+            try:
+                self._replicate(request)
+            except Exception as err:
+                self._note(f"replicating {key} step {request.get('step')} to {request.get('host')}:{request.get('port')} failed: {type(err).__name__}: {err}")
+
+    def _replicate(self, request: dict[str, Any]) -> None:
+        snapshot = Path(request["path"])
+        if not snapshot.is_dir():
+            return  # pruned meanwhile: a newer one follows
+        with socket.create_connection((request["host"], int(request["port"])), timeout=120) as sock:
+            header = {"op": "store", "token": request["peer_token"], "key": request["key"], "step": request["step"],
+                      "keep_last": request.get("keep_last", 2)}  # fmt: skip
+            send_snapshot(sock, header, snapshot)
+            reply = recv_message(sock)
+        if not reply.get("ok"):
+            raise KeeperError(reply.get("error"))
+        with self._lock:
+            self.replicated[request["key"]] = max(int(request["step"]), self.replicated.get(request["key"], -1))
+
+    def watch_owners(self) -> None:
+        """Serve while an owner lives; linger, then remove the node's snapshots and stop."""
+        alone_since: float | None = None
+        while not self.stop.wait(0.5):
+            with self._lock:
+                self.owners = {pid for pid in self.owners if _pid_alive(pid)}
+                alive = bool(self.owners)
+            if alive:
+                alone_since = None
+                continue
+            alone_since = alone_since or time.monotonic()
+            if time.monotonic() - alone_since >= self.linger:
+                self.remove_on_exit = True
+                self.stop.set()
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            self.server.keeper.handle(self.request)  # type: ignore[attr-defined]
+        except (ConnectionError, OSError, ValueError) as err:
+            self.server.keeper._note(f"a request failed: {type(err).__name__}: {err}")  # type: ignore[attr-defined]
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+def serve(root: Path, owner: int, linger: float) -> int:
+    import fcntl
+
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    lock = open(root / LOCK, "w")  # noqa: SIM115 - held for the process's life
+    try:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        print(f"[fabric keeper] another keeper serves {root}", file=sys.stderr)
+        return 0
+    keeper = Keeper(root, owner, linger)
+    server = _Server((os.environ.get("FABRIC_KEEPER_BIND", "0.0.0.0"), 0), _Handler)
+    server.keeper = keeper  # type: ignore[attr-defined]
+    info = {"pid": os.getpid(), "port": server.server_address[1], "token": keeper.token, "started_unix": time.time()}
+    tmp = root / f".{INFO}.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(info, f)
+    os.replace(tmp, root / INFO)
+    threads = [
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True),
+        threading.Thread(target=keeper.replicate_forever, daemon=True),
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        keeper.watch_owners()
+    finally:
+        server.shutdown()
+        server.server_close()
+        if keeper.remove_on_exit:
+            for name in (store.OWN, store.PEER):
+                shutil.rmtree(root / name, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                os.unlink(root / INFO)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fabric_core.io.keeper", description=__doc__.splitlines()[0])
+    parser.add_argument("--root", required=True, type=Path)
+    parser.add_argument("--owner", required=True, type=int)
+    parser.add_argument("--linger", type=float, default=float(os.environ.get(LINGER_VARIABLE, DEFAULT_LINGER_S)))
+    args = parser.parse_args(argv)
+    return serve(args.root, args.owner, args.linger)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
