@@ -184,3 +184,30 @@ def test_a_lost_node_resumes_from_peer_copies_and_a_node_lost_for_good_resumes_o
     assert sorted(_hashes(out, world=2)) == [11, 12]
     assert (out / "final.pt").exists()
     assert torch.load(out / "final.pt").keys() == torch.load(reference / "final.pt").keys()
+
+
+@pytest.mark.timeout(600)
+def test_sigterm_saves_at_the_next_step_and_the_job_exits_for_a_requeue(tmp_path: Path, memory_dirs):
+    out = tmp_path / "preempted"
+    out.mkdir()
+    shm = memory_dirs("a")
+    job = _single(out, "first", shm, 2, TIERS_STEPS="400", TIERS_PAUSE="0.2")
+    assert wait_until(lambda: len(_hashes(out)) >= 3, TIMEOUT), job.output()[-3000:]
+    os.kill(job.pid, signal.SIGTERM)  # what Kubernetes sends the container's main process; the agent tells its workers
+    assert job.wait(120) == 75, job.output()[-4000:]
+
+    events = json.loads((out / "run" / "checkpoints" / "recovery" / "attempt-0.json").read_text())
+    preempted = [event for event in events if event["event"] == "preempted"]
+    assert len(preempted) == 1, events
+    step = preempted[0]["step"]
+    assert max(_hashes(out)) == step - 1  # saved at the step boundary after the notice, before recording that step
+    disk = out / "run" / "checkpoints" / f"step-{step:09d}.ckpt"
+    assert preempted[0]["saved"] == [f"mem://step-{step:09d}", str(disk)] and disk.is_file()
+    assert "SIGTERM: saved step" in job.output()
+
+    # the requeued job resumes from that step's memory snapshot (the keeper kept it for a requeue)
+    job = _single(out, "requeued", shm, 2, TIERS_STEPS=str(step + 2))
+    assert job.wait(TIMEOUT) == 0, job.output()[-4000:]
+    resumed = [r for r in _progress(out) if "resumed" in r and r["attempt"] == 1]
+    assert resumed and resumed[0]["resumed"] == step and resumed[0]["latest"] == f"mem://step-{step:09d}", resumed
+    assert sorted(s for s in _hashes(out, attempt=1)) == [step + 1, step + 2]

@@ -507,6 +507,8 @@ class CheckpointTiers:
                     self.stats[f"last_{tier}_write_s"] = time.perf_counter() - started
                 finally:
                     pending.release()
+                    if self._writer is not None:  # what was kept for this write may go now
+                        store.prune(self._writer.folder, self._writer.keep_last)
 
             handle = background.submit(location, write)
             if keep_last is not None:
