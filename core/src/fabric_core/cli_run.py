@@ -559,10 +559,13 @@ def run_main(args: RunArgs) -> int:
         if own_error_file:
             os.environ["TORCHELASTIC_ERROR_FILE"] = os.path.join(scratch, "error.json")
         # A worker that saved for a preemption notice and exits for a requeue leaves a line here (checkpoint tiers).
-        marker = os.environ.setdefault(preemption.MARKER_VARIABLE, os.path.join(scratch, "preempted"))
         # Slurm's `--signal=USR1@90` warns every process of the job: the agent stops its workers with it (they save
         # and exit for a requeue) instead of dying of it.
-        os.environ.setdefault("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
+        own = {preemption.MARKER_VARIABLE: os.path.join(scratch, "preempted"),
+               "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"}  # fmt: skip
+        own = {key: value for key, value in own.items() if key not in os.environ}
+        os.environ.update(own)
+        marker = os.environ[preemption.MARKER_VARIABLE]
         try:
             torchrun(torchrun_arguments(args, nprocs))
         except SignalException as err:  # SIGINT/SIGTERM: the agent has already stopped the workers
@@ -572,6 +575,8 @@ def run_main(args: RunArgs) -> int:
         finally:
             if own_error_file:
                 os.environ.pop("TORCHELASTIC_ERROR_FILE", None)
+            for key in own:
+                os.environ.pop(key, None)
     return 0
 
 
