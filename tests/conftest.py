@@ -50,6 +50,8 @@ SITES: dict[str, tuple[Path, ...]] = {
     ),
     # A checkpoint format registered by a distribution that provides no strategy.
     "formats": (PLUGIN_FIXTURES / "keyed_format",),
+    # Two third-party plugins written from docs/plugins.md alone: a checkpoint format and a script launcher.
+    "thirdparty": (PLUGIN_FIXTURES / "npz_format", PLUGIN_FIXTURES / "local_launcher"),
 }
 
 

@@ -66,8 +66,8 @@ SINGLE_READER = textwrap.dedent(
 
     class Plugin:  # what fabric_mything/register.py would hold
         @hookimpl
-        def fabric_select_checkpoint_reader(self, path):
-            return PerRankFormat(0).read if PerRankFormat(0).recognises(path) else None
+        def fabric_register_checkpoint_formats(self, registrar):
+            registrar.add("per_rank", PerRankFormat, rank=0)
 
     set_registry(build_registry(extra_plugins=(Plugin(),)))
     fabric = Fabric(accelerator="cpu", devices=1)

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from fabric_core import Fabric
+from fabric_core.io import CheckpointLocation
 from fabric_core.loggers import CSVLogger, Logger
 
 
@@ -190,15 +191,17 @@ def test_loggers_of_our_base_class_hear_about_saved_checkpoints(tmp_path):
             super().__init__(*args, **kwargs)
             self.saved: list[str] = []
 
-        def checkpoint_saved(self, path):
-            self.saved.append(path)
+        def checkpoint_saved(self, location):
+            self.saved.append(location)
 
     ours, foreign = Recording(tmp_path), ForeignLogger()
     fabric = Fabric(accelerator="cpu", loggers=[ours, foreign])
     fabric.save(tmp_path / "a.ckpt", {"model": torch.nn.Linear(1, 1)})
     fabric.save(str(tmp_path / "b.ckpt"), {"step": 1})
-    assert ours.saved == [str(tmp_path / "a.ckpt"), str(tmp_path / "b.ckpt")]
-    assert Logger.checkpoint_saved(ours, "x") is None  # the base class's default does nothing
+    # the location the save decided, not a string to parse again
+    assert ours.saved == [CheckpointLocation.of(tmp_path / "a.ckpt"), CheckpointLocation.of(tmp_path / "b.ckpt")]
+    assert all(isinstance(saved, CheckpointLocation) and not saved.is_url for saved in ours.saved)
+    assert Logger.checkpoint_saved(ours, ours.saved[0]) is None  # the base class's default does nothing
 
 
 _AT_EXIT = textwrap.dedent(

@@ -1,11 +1,11 @@
 """``fabric consolidate CHECKPOINT_DIR [--output_file PATH]``: one ``torch.load``-able file from a checkpoint folder
 (a local one or one at a URL, such as ``s3://bucket/run/step-100``).
 
-The core knows no sharded format. It asks the ``fabric_select_checkpoint_reader`` hook which installed plugin can
-read the folder (each sharding plugin reads the folders its strategies write), loads it
-in this one process with that plugin's reader, and writes the result with the core's crash-safe
-:func:`~fabric_core.io.commit.atomic_save`. So a new checkpoint format gets ``consolidate`` for free by
-implementing the hook, and the CLI has no plugin knowledge.
+The core knows no sharded format. It asks the registered checkpoint formats (``fabric_register_checkpoint_formats``)
+which one recognises the folder (each sharding plugin registers the format its strategies write), reads it whole in
+this one process with that format, and writes the result with the core's crash-safe
+:func:`~fabric_core.io.commit.atomic_save`. So a new checkpoint format gets ``consolidate`` for free by registering
+it, and the CLI has no plugin knowledge.
 
 A CHECKPOINT_DIR that does not exist is a usage error, as the reference's command line has it (click checks its
 argument exists): the usage line, ``fabric consolidate: error: ...`` and exit status 2. The other errors (not a
@@ -84,17 +84,13 @@ def consolidate_main(args: argparse.Namespace) -> int:
     from fabric_core.plugins.host import get_registry
 
     registry = get_registry()
-    loader = registry.decisions.select_checkpoint_reader(location)
-    if loader is None:
-        readers = sorted(
-            {
-                registry.plugin_for(impl.plugin_name).distribution
-                for impl in registry.decisions.implementations("fabric_select_checkpoint_reader")
-            }
-        )
+    registered = registry.registered_formats()
+    checkpoint_format = next((f for f in (r.recognising(location) for r in registered) if f is not None), None)
+    if checkpoint_format is None:
+        formats = sorted({registry.get("checkpoint_format", r.name).distribution for r in registered})
         return _fail(
             f"{folder!r} is not a checkpoint folder that an installed plugin can read. The formats installed"
-            f" here are read by: {', '.join(readers) or 'no plugin'}. A sharded checkpoint is read by the plugin"
+            f" here are read by: {', '.join(formats) or 'no plugin'}. A sharded checkpoint is read by the plugin"
             " of the strategy that wrote it; install it (`fabric plugins` lists what is installed)."
         )
 
@@ -103,8 +99,8 @@ def consolidate_main(args: argparse.Namespace) -> int:
     from fabric_core.io.checkpoint_io import TorchCheckpointIO
 
     try:
-        checkpoint = loader(location, map_location=torch.device("cpu"))
-    except Exception as err:
+        checkpoint = checkpoint_format.read(location, map_location=torch.device("cpu"))
+    except Exception as err:  # a plugin's reader may raise anything: the command names it and exits 1
         return _fail(f"Could not read the checkpoint folder {folder!r}: {type(err).__name__}: {err}")
     TorchCheckpointIO().save_checkpoint(checkpoint, output)  # crash-safe locally, one upload at a URL
     print(f"Consolidated {folder!r} into {str(output)!r}.")

@@ -12,7 +12,7 @@ import sys
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fabric_core.launchers.base import CLI_FLAG, CLI_SETTINGS
-from fabric_core.plugins.host import find_checkpoint_reader, get_registry
+from fabric_core.plugins.host import get_registry
 
 if TYPE_CHECKING:
     from fabric_core.accelerators.base import Accelerator
@@ -466,7 +466,7 @@ def resolve(
             checkpoint_io=user.checkpoint_io,
             precision=precision_obj,
             select_launcher=registry.decisions.select_launcher,
-            find_checkpoint_reader=find_checkpoint_reader,
+            registered_formats=registry.registered_formats(),
         )
     )
 

@@ -57,6 +57,7 @@ from fabric_core.wrappers import (
 
 if TYPE_CHECKING:
     from fabric_core.io.background import CheckpointHandle
+    from fabric_core.io.format import CheckpointFormat
     from fabric_core.loggers.base import Logger
     from fabric_core.utilities.topology import Topology
 
@@ -760,6 +761,7 @@ class Fabric:
         *,
         async_save: bool = False,
         keep_last: int | None = None,
+        checkpoint_format: str | CheckpointFormat | None = None,
     ) -> CheckpointHandle | None:
         """Save ``state`` (models, optimizers, anything with ``state_dict``, plain values) crash-safely.
 
@@ -774,6 +776,10 @@ class Fabric:
                 live objects. The checkpoint is at ``path`` when the handle's ``wait()`` returns.
             keep_last: keep only the newest ``keep_last`` checkpoints of the series ``path`` belongs to (the entries
                 beside it whose names differ only in their numbers, e.g. ``step-*.ckpt``), once this one is durable.
+            checkpoint_format: write in this format instead of the strategy's own: the name a plugin registered it
+                under (``"fsdp_sharded"``, ``"npz"``; ``fabric plugins --kind checkpoint_format`` lists them) or a
+                ``CheckpointFormat`` object. ``fabric.load`` finds it again by itself (the registered format
+                recognises its checkpoints).
 
         Returns a handle (the reference returns ``None``): ``wait()`` blocks until the save's background part is done
         (durable on disk; for ``async_save``, also written and in place) and raises its error. A later save or load of
@@ -794,19 +800,35 @@ class Fabric:
             if not isinstance(keep_last, int) or isinstance(keep_last, bool) or keep_last < 1:
                 raise ValueError(f"`keep_last` must be a positive integer, got {keep_last!r}.")
             io.series.CheckpointSeries.of_member(location)
+        chosen = self._checkpoint_format(checkpoint_format)
         io.background.raise_failures()  # an earlier save that failed in the background is reported now, not lost
         handle = None
         unwrapped = unwrap_objects(state, dataloaders=False)
+        extra = {"checkpoint_format": chosen} if chosen is not None else {}  # a strategy of the older contract: none
         if async_save:
-            handle = self._strategy.save_checkpoint_async(path=location, state=unwrapped, filter=filter)
+            handle = self._strategy.save_checkpoint_async(path=location, state=unwrapped, filter=filter, **extra)
         else:
-            self._strategy.save_checkpoint(path=location, state=unwrapped, filter=filter)
+            self._strategy.save_checkpoint(path=location, state=unwrapped, filter=filter, **extra)
         if keep_last is not None and self.is_global_zero:
             io.background.submit(location, partial(io.retention.prune, location, keep_last))  # after this save: work runs in order
         self._strategy.barrier()  # from here on the checkpoint is at `location` for every rank
         if self._loggers:
-            experiment_loggers.base.notify_checkpoint_saved(self._loggers, str(location))
+            experiment_loggers.base.notify_checkpoint_saved(self._loggers, location)
         return handle if handle is not None else io.background.handle(location)
+
+    def _checkpoint_format(self, checkpoint_format: str | CheckpointFormat | None) -> CheckpointFormat | None:
+        """``fabric.save(..., checkpoint_format=...)``: a registered name becomes its format (the strategy's own
+        instance where it has one of that kind); anything else is a ``TypeError``/``ValueError`` before a save."""
+        if checkpoint_format is None or isinstance(checkpoint_format, io.CheckpointFormat):
+            chosen = checkpoint_format
+        elif isinstance(checkpoint_format, str):  # an unknown name: a ValueError listing the names, the closest first
+            chosen = get_registry().create("checkpoint_format", checkpoint_format)
+        else:
+            raise TypeError(
+                "`fabric.save(..., checkpoint_format=...)` takes the name of a registered checkpoint format (`fabric"
+                f" plugins --kind checkpoint_format`) or a `CheckpointFormat`, got {type(checkpoint_format).__name__}."
+            )
+        return self._strategy.own_format(chosen) if chosen is not None else None
 
     @counts_as_progress
     def load(

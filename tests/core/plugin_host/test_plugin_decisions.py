@@ -20,6 +20,7 @@ from plugin_doubles import (
 
 from fabric_core import Fabric
 from fabric_core.accelerators.cpu import CPUAccelerator
+from fabric_core.io import CheckpointFormat
 from fabric_core.plugins import FabricPluginWarning, Registry, hookimpl
 from fabric_core.precision.full import FullPrecision
 from fabric_core.strategies.single_device import SingleDeviceStrategy
@@ -210,21 +211,35 @@ def test_hook_fabric_library_packages(use_registry, monkeypatch, tmp_path):
         hang.add_library_packages({"b_framework": "waiting"})
 
 
-def test_hook_fabric_select_checkpoint_reader(use_registry, tmp_path):
-    """A plugin-owned directory format is read through the hook, by a strategy that does not know it."""
-    seen = []
+class MetaFolderFormat(CheckpointFormat):
+    """A folder layout another program writes (``weights.pt`` + ``meta.json``): registered to be read, not written."""
 
-    def load_directory(path: Path, map_location: Any = "cpu", weights_only: bool | None = None) -> dict[str, Any]:
-        seen.append(weights_only)
-        meta = json.loads((path / "meta.json").read_text())
-        return {"model": torch.load(path / "weights.pt", map_location=map_location), **meta}
+    description = "a weights.pt + meta.json folder"
+    seen: list = []
+
+    def recognises(self, location):
+        return location.child("meta.json").is_file()
+
+    def write(self, location, state, context, *, filter=None, storage_options=None):
+        raise NotImplementedError("read only")
+
+    def read(self, location, map_location="cpu", weights_only=None):
+        type(self).seen.append(weights_only)
+        meta = json.loads(location.child("meta.json").read_text())
+        return {"model": torch.load(location.path / "weights.pt", map_location=map_location), **meta}
+
+
+def test_a_registered_format_is_asked_directly_by_a_strategy_that_does_not_own_it(use_registry, tmp_path):
+    """A plugin-owned directory format is read whole by a strategy that does not know it, because the registered
+    format itself says it recognises the folder (no reader hook in between)."""
 
     class Plugin:
-        @hookimpl(tryfirst=True)
-        def fabric_select_checkpoint_reader(self, path):
-            return load_directory if (path / "meta.json").is_file() else None
+        @hookimpl
+        def fabric_register_checkpoint_formats(self, registrar):
+            registrar.add("meta_folder", MetaFolderFormat)
 
     use_registry(Plugin())
+    MetaFolderFormat.seen.clear()
     source = torch.nn.Linear(3, 2)
     folder = tmp_path / "sharded-like"
     folder.mkdir()
@@ -232,15 +247,16 @@ def test_hook_fabric_select_checkpoint_reader(use_registry, tmp_path):
     (folder / "meta.json").write_text(json.dumps({"step": 12}))
 
     fabric = Fabric(accelerator="cpu")
+    assert "meta_folder" in [r.name for r in fabric.strategy.registered_formats]
     raw = fabric.strategy.read_checkpoint(folder)
     assert raw["step"] == 12 and torch.equal(raw["model"]["weight"], source.weight)
 
     target = torch.nn.Linear(3, 2)
     remainder = fabric.load(folder, {"model": target}, weights_only=False)
-    assert remainder == {"step": 12} and seen == [None, False]  # weights_only reaches the reader
+    assert remainder == {"step": 12} and MetaFolderFormat.seen == [None, False]  # weights_only reaches its read
     assert torch.equal(target.weight, source.weight) and torch.equal(target.bias, source.bias)
 
-    # Single files are still read by the core's checkpoint I/O.
+    # Single files are still read by the strategy's own single-file format.
     fabric.save(tmp_path / "plain.ckpt", {"model": source, "step": 3})
     assert fabric.load(tmp_path / "plain.ckpt", {"model": torch.nn.Linear(3, 2)}) == {"step": 3}
 

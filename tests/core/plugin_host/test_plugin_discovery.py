@@ -285,7 +285,7 @@ def test_broken_plugins_do_not_break_names_they_do_not_own(plugin_sites):
     joined = "\n".join(result["warnings"])
     assert "fabric-exits-at-import 2.0.0" in joined and "SystemExit: 3" in joined
     for hook in ("fabric_auto_accelerator", "fabric_auto_strategy", "fabric_select_precision",
-                 "fabric_detect_cluster_environment", "fabric_select_launcher", "fabric_select_checkpoint_reader"):  # fmt: skip
+                 "fabric_detect_cluster_environment", "fabric_select_launcher"):  # fmt: skip
         assert f"fabric-raising-decisions 2.0.0 (plugin 'raising_decisions', hook {hook})" in joined, hook
 
 

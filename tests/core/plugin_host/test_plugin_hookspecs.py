@@ -24,7 +24,7 @@ def test_hookspecs_module_declares_the_expected_hooks():
         "fabric_register_strategies",
         "fabric_auto_accelerator",
         "fabric_adjust_strategy",
-        "fabric_select_checkpoint_reader",
+        "fabric_register_checkpoint_formats",
     } <= set(HOOK_NAMES)
     assert set(hookspecs.HOOK_NAMES) == set(HOOK_NAMES)
 

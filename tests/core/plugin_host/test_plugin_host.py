@@ -9,8 +9,8 @@ import re
 from pathlib import Path
 
 import fabric_core.plugins as plugins_package
+from fabric_core.io import CheckpointLocation
 from fabric_core.plugins import build_registry, get_registry, reset_registry, set_registry
-from fabric_core.plugins.host import find_checkpoint_reader
 
 PACKAGE = Path(plugins_package.__file__).resolve().parent
 
@@ -69,6 +69,17 @@ def test_set_registry_replaces_and_restores_the_process_wide_registry(monkeypatc
     assert get_registry() is previous or previous is None
 
 
-def test_the_checkpoint_reader_lookup_pickles_by_name():
-    """A strategy sent to spawned processes carries it; the child must ask its own registry, not unpickle ours."""
-    assert pickle.loads(pickle.dumps(find_checkpoint_reader)) is find_checkpoint_reader
+def test_the_registered_formats_travel_to_spawned_processes(tmp_path):
+    """A strategy sent to spawned processes carries the registered formats it asks when loading: they pickle, and
+    the copies still recognise (and build) their formats."""
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "meta.pt").write_bytes(b"")  # what fabric-fsdp's format looks for first
+    registered = build_registry().registered_formats()
+    copies = pickle.loads(pickle.dumps(registered))
+    assert [r.name for r in copies] == [r.name for r in registered] and "single_file" in [r.name for r in copies]
+    file = tmp_path / "plain.ckpt"
+    file.write_bytes(b"x")
+    assert [type(r.recognising(CheckpointLocation.of(file))).__name__ for r in copies if r.name == "single_file"] == [
+        "SingleFileFormat"
+    ]

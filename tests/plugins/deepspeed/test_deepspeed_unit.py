@@ -241,6 +241,6 @@ def test_checkpoint_directories_are_recognised_from_file_names(tmp_path: Path) -
     assert tag_folder_parent(ckpt / "checkpoint") == CheckpointLocation.of(ckpt)
     (tmp_path / "latest").write_text("../etc")
     assert not is_deepspeed_checkpoint(tmp_path)
-    reader = get_registry().decisions.select_checkpoint_reader(ckpt)
-    assert reader is not None and type(reader.__self__).__name__ == "DeepSpeedFormat"  # the registered format's read
-    assert get_registry().decisions.select_checkpoint_reader(tmp_path) is None
+    recognising = [f for f in (r.recognising(CheckpointLocation.of(ckpt)) for r in get_registry().registered_formats()) if f]
+    assert [type(f).__name__ for f in recognising] == ["DeepSpeedFormat"]  # the registered format, asked directly
+    assert not any(r.recognising(CheckpointLocation.of(tmp_path)) for r in get_registry().registered_formats())

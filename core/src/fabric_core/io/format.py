@@ -8,7 +8,7 @@ strategy: everything it needs from one arrives in a :class:`FormatContext`, buil
 * ``coordinator``: which rank leads, ``broadcast`` and ``reduce_boolean_decision`` (for multi-rank commits);
 * state adapters: how a module and an optimizer become state and back (gathered, sharded, inside an engine);
 * the precision's state (saved beside the model, restored on load);
-* ``find_reader``: the reader of a checkpoint folder written by another plugin's format.
+* ``topology``: where this rank sits, for formats that write per-rank or per-shard files.
 
 The core's building blocks do the rest once for every format: the walk over the user's state
 (:meth:`FormatContext.state_to_save`, :meth:`FormatContext.restore`), crash-safe single files
@@ -17,17 +17,19 @@ The core's building blocks do the rest once for every format: the walk over the 
 
 The single-file format (:class:`~fabric_core.io.single_file.SingleFileFormat`) is the default of every strategy;
 fabric-fsdp and fabric-deepspeed implement their folder formats on the same interface. Formats are a plugin kind
-(``fabric_register_checkpoint_formats``): a registered format is read by any strategy that does not know it and
-written by any strategy asked to (``Strategy.save_checkpoint(..., checkpoint_format=...)``). ``docs/plugins.md``
-shows how to write a new one.
+(``fabric_register_checkpoint_formats``): a registered format (:class:`RegisteredFormat`, handed to every strategy
+when it is bound) is read by any strategy that does not know it, by asking it directly whether it recognises a
+checkpoint (:func:`format_for_loading`), and written by any strategy asked to (``fabric.save(...,
+checkpoint_format=NAME)``). ``docs/plugins.md`` shows how to write a new one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from fabric_core.io.coordination import Coordinator
 from fabric_core.io.errors import checkpoint_path_error
@@ -41,20 +43,7 @@ if TYPE_CHECKING:
     from fabric_core.io.background import CheckpointHandle
     from fabric_core.utilities.topology import Topology
 
-__all__ = ["CheckpointFormat", "CheckpointReader", "FindReader", "FormatContext", "ReaderFormat", "format_for_loading"]
-
-
-class CheckpointReader(Protocol):
-    """Reads a whole checkpoint (any layout its plugin owns) into one dict, in this process."""
-
-    def __call__(
-        self, path: CheckpointLocation, map_location: Any = "cpu", weights_only: bool | None = None
-    ) -> dict[str, Any]: ...
-
-
-#: Given a location, the reader of its format, or ``None`` when no installed plugin recognises it (the
-#: ``fabric_select_checkpoint_reader`` hook, bound to the registry by the resolver).
-FindReader = Callable[[CheckpointLocation], CheckpointReader | None]
+__all__ = ["CheckpointFormat", "FormatContext", "RegisteredFormat", "format_for_loading"]
 
 
 @dataclass(frozen=True)
@@ -81,8 +70,6 @@ class FormatContext:
     precision_state: Callable[[], Mapping[str, Any]]
     #: Restore the precision's state saved by :attr:`precision_state`.
     load_precision_state: Callable[[dict[str, Any]], None]
-    #: The reader of a checkpoint folder written by another plugin's format, or ``None`` when none is installed.
-    find_reader: FindReader | None
     #: Coordinator for the background thread that finishes an asynchronous multi-rank save; its collectives do
     #: not share a process group with the training loop's. Call it on every rank at the same point.
     background_coordinator: Callable[[], Coordinator]
@@ -119,10 +106,6 @@ class FormatContext:
             load_optimizer=self.load_optimizer_state,
             load_precision=self.load_precision_state,
         )
-
-    def reader_for(self, location: CheckpointLocation) -> CheckpointReader | None:
-        """The installed reader of the checkpoint folder at ``location``, or ``None``."""
-        return self.find_reader(location) if self.find_reader is not None else None
 
 
 class CheckpointFormat(ABC):
@@ -170,21 +153,35 @@ class CheckpointFormat(ABC):
         filter: Filter | None = None,
         storage_options: Any | None = None,
     ) -> CheckpointHandle:
-        """Take what must be taken now (a snapshot) and finish the write in the background; return its handle.
+        """Take what must be taken now and finish the write in the background; return its handle (at its ``wait()``
+        the checkpoint is at ``location``, as :meth:`write` would leave it). Called on every rank.
 
-        Override to support ``fabric.save(..., async_save=True)``; the default refuses, saying so."""
-        raise NotImplementedError(
-            f"`fabric.save(..., async_save=True)` is not supported for {self.description}: its format"
-            f" ({type(self).__name__}) writes synchronously. Save without `async_save`."
-        )
+        The default works for any format whose :meth:`write` needs only what ``context.state_to_save`` gives: it
+        converts ``state`` now and copies its tensors to CPU memory (the snapshot), then runs :meth:`write` on that
+        snapshot in the background thread, with a context whose collectives are the background coordinator's. A
+        format whose ``write`` needs the live objects (an engine) overrides this (fabric-deepspeed refuses), and so
+        may one that snapshots more cheaply (the single file, fabric-fsdp's shards)."""
+        from fabric_core.io import background
+        from fabric_core.io.snapshot import SnapshotBuffers
+
+        snapshot, release = SnapshotBuffers().take(context.state_to_save(state, filter))
+        taken = snapshot_context(context, context.background_coordinator())
+
+        def write() -> None:
+            try:
+                self.write(location, snapshot, taken, storage_options=storage_options)
+            finally:
+                release()
+
+        return background.submit(location, write)
 
     @abstractmethod
     def read(
         self, location: CheckpointLocation, map_location: Any = "cpu", weights_only: bool | None = None
     ) -> dict[str, Any]:
         """The whole checkpoint in this one process, in the single-file layout (a module's key holds a plain state
-        dict, an optimizer's a torch optimizer state dict). Used by other strategies and ``fabric consolidate``
-        through the ``fabric_select_checkpoint_reader`` hook. No process group needed."""
+        dict, an optimizer's a torch optimizer state dict). Used by strategies that do not own this format (a
+        registered one: :meth:`load_whole`) and by ``fabric consolidate``. No process group needed."""
 
     def load(
         self,
@@ -198,40 +195,58 @@ class CheckpointFormat(ABC):
         """Restore ``state`` in place (a dict of the user's objects, or a bare module or optimizer for
         ``fabric.load_raw``) and return what the checkpoint holds beyond it.
 
-        The default reads the checkpoint whole (:meth:`read`) and restores through the context's adapters;
-        override it to load shards in place (resharding) or through an engine."""
+        The default reads the checkpoint whole (:meth:`load_whole`); override it to load shards in place (resharding)
+        or through an engine."""
+        return self.load_whole(location, state, context, strict=strict, weights_only=weights_only)
+
+    def load_whole(
+        self,
+        location: CheckpointLocation,
+        state: Any,
+        context: FormatContext,
+        *,
+        strict: bool = True,
+        weights_only: bool | None = None,
+    ) -> dict[str, Any]:
+        """Read the checkpoint whole in this process (:meth:`read`) and restore ``state`` through the context's
+        adapters: how a strategy loads a registered format it does not own (a DDP run, an FSDP folder)."""
         return context.restore(state, self.read(location, weights_only=weights_only), strict)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
 
-class ReaderFormat(CheckpointFormat):
-    """A folder of another plugin's format, loaded through its reader (whole, in every process): what lets a
-    single-device or DDP run load an FSDP or DeepSpeed checkpoint. It only reads."""
+def snapshot_context(context: FormatContext, coordinator: Any) -> FormatContext:
+    """The context a format writes a snapshot with (``write_async``'s default): the snapshot is already what the
+    adapters give, so they and the precision's state pass it through; ``coordinator`` is the background one."""
+    return dataclasses.replace(
+        context,
+        coordinator=coordinator,
+        module_state=lambda module: module.state_dict(),
+        optimizer_state=lambda optimizer: optimizer.state_dict(),
+        precision_state=dict,
+        prepare_for_writing=lambda converted: converted,
+    )
 
-    def __init__(self, reader: CheckpointReader) -> None:
-        self.reader = reader
-        self.description = f"a checkpoint read by {getattr(reader, '__qualname__', type(reader).__name__)}"
 
-    def recognises(self, location: CheckpointLocation) -> bool:
-        return True
+@dataclass(frozen=True)
+class RegisteredFormat:
+    """A checkpoint format an installed plugin registered (``fabric_register_checkpoint_formats``), as the resolver
+    hands it to every strategy: asked directly whether it recognises a checkpoint, built only when its cheap check
+    says yes (its module imported then, not before)."""
 
-    def write(
-        self,
-        location: CheckpointLocation,
-        state: dict[str, Any],
-        context: FormatContext,
-        *,
-        filter: Filter | None = None,
-        storage_options: Any | None = None,
-    ) -> None:
-        raise NotImplementedError("A checkpoint reader of another plugin's format only reads.")
+    name: str
+    #: the registration's cheap ``location -> bool`` (``recognised_by``); ``True`` when it has none
+    may_recognise: Callable[[CheckpointLocation], bool]
+    #: builds the format with its registered ``init_kwargs``
+    create: Callable[[], CheckpointFormat]
 
-    def read(
-        self, location: CheckpointLocation, map_location: Any = "cpu", weights_only: bool | None = None
-    ) -> dict[str, Any]:
-        return self.reader(location, map_location=map_location, weights_only=weights_only)
+    def recognising(self, location: CheckpointLocation) -> CheckpointFormat | None:
+        """The format, built, when a complete checkpoint of it is at ``location``; else ``None``."""
+        if not self.may_recognise(location):
+            return None
+        candidate = self.create()
+        return candidate if candidate.recognises(location) else None
 
 
 def expected_checkpoints(formats: Sequence[CheckpointFormat]) -> str:
@@ -241,27 +256,34 @@ def expected_checkpoints(formats: Sequence[CheckpointFormat]) -> str:
 
 
 def format_for_loading(
-    location: CheckpointLocation, formats: Sequence[CheckpointFormat], find_reader: FindReader | None
-) -> CheckpointFormat:
-    """The format to load ``location`` with.
+    location: CheckpointLocation, formats: Sequence[CheckpointFormat], registered: Sequence[RegisteredFormat] = ()
+) -> tuple[CheckpointFormat, bool]:
+    """The format to load ``location`` with, and whether it is one the strategy does not own (then it is read whole
+    and restored through the strategy's adapters: :meth:`CheckpointFormat.load_whole`).
 
-    The first of ``formats`` (a strategy's own, in its order) that recognises it; else, for a folder, the reader of
-    the installed plugin that recognises it (:class:`ReaderFormat`), or a format that may read it
-    (:meth:`CheckpointFormat.may_read_folder`: a user's ``CheckpointIO``), or a ``ValueError`` saying none does;
-    else the last of ``formats`` (the single-file format), whose read says what is wrong with the file. A path
-    where nothing exists is a :class:`~fabric_core.io.errors.CheckpointPathError` when the strategy has a format of
-    its own besides the single file (the single file's own error otherwise: ``FileNotFoundError``).
+    In this order: the first of ``formats`` (a strategy's own, in its order) but the last that recognises it; the
+    first ``registered`` format that does, other than a kind the strategy has its own instance of (its own is built
+    with its ``CheckpointIO``, its owner lookups); the last of ``formats`` (the single file, which takes any file,
+    and whose read says what is wrong with it). A folder none of them recognises is loaded by a format that may read
+    it (:meth:`CheckpointFormat.may_read_folder`: a user's ``CheckpointIO``), else a ``ValueError`` says none does. A
+    path where nothing exists is a :class:`~fabric_core.io.errors.CheckpointPathError` when the strategy has a format
+    of its own besides the single file (the single file's own error otherwise: ``FileNotFoundError``).
     """
-    for candidate in formats:
+    *specific, fallback = formats
+    for candidate in specific:
         if candidate.recognises(location):
-            return candidate
+            return candidate, False
+    owned = {type(f) for f in formats}
+    for entry in registered:
+        candidate = entry.recognising(location)
+        if candidate is not None and type(candidate) not in owned:
+            return candidate, True
+    if fallback.recognises(location):
+        return fallback, False
     if location.is_dir():
-        reader = find_reader(location) if find_reader is not None else None
-        if reader is not None:
-            return ReaderFormat(reader)
         for candidate in formats:  # a user's CheckpointIO that writes folders reads them too
             if candidate.may_read_folder(location):
-                return candidate
+                return candidate, False
         raise ValueError(
             f"The path {str(location)!r} does not point to a valid checkpoint. Make sure the path points to"
             f" {expected_checkpoints(formats)}. It is a directory, but no installed plugin recognises it as a"
@@ -270,4 +292,4 @@ def format_for_loading(
         )
     if len(formats) > 1 and not location.exists():
         raise checkpoint_path_error(location, expected_checkpoints(formats))
-    return formats[-1]
+    return fallback, False

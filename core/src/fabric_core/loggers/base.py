@@ -12,9 +12,12 @@ from abc import ABC, abstractmethod
 from argparse import Namespace
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, is_dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fabric_core.utilities.rank_zero import get_rank, rank_zero_warn
+
+if TYPE_CHECKING:
+    from fabric_core.io.location import CheckpointLocation
 
 _VERSION_DIR = re.compile(r"version_(\d+)")
 
@@ -75,12 +78,13 @@ class Logger(ABC):
         """
         self.save()
 
-    def checkpoint_saved(self, path: str) -> None:  # noqa: B027 (optional hook)
-        """``fabric.save`` wrote a checkpoint to ``path`` (a local path or a URL); called on every rank.
+    def checkpoint_saved(self, location: CheckpointLocation) -> None:  # noqa: B027 (optional hook)
+        """``fabric.save`` wrote a checkpoint at ``location`` (a :class:`~fabric_core.io.CheckpointLocation`: a local
+        path, ``location.path``, or a URL, ``location.is_url``); called on every rank.
 
         Called right after the save returned on this rank: an asynchronous save (``async_save=True``) may still be
-        writing in the background, so work on the checkpoint belongs in ``fabric_core.io.background.submit(path,
-        work)`` (or :class:`CheckpointUploads`), which runs after it. Trackers upload checkpoints as artifacts here when asked to; the default does nothing. Only
+        writing in the background, so work on the checkpoint belongs in :class:`CheckpointUploads`, which runs it
+        after the save. Trackers upload checkpoints as artifacts here when asked to; the default does nothing. Only
         subclasses of this class receive it: loggers accepted by interface get the reference's calls only.
         """
 
@@ -200,11 +204,12 @@ def _has_dynamic(obj: Any, member: str) -> bool:
     return True
 
 
-def notify_checkpoint_saved(loggers: list[Any], path: str) -> None:
-    """``checkpoint_saved(path)`` to the loggers of our base class (an optional hook that loggers by interface lack)."""
+def notify_checkpoint_saved(loggers: list[Any], location: CheckpointLocation) -> None:
+    """``checkpoint_saved(location)`` to the loggers of our base class (an optional hook that loggers by interface
+    lack)."""
     for logger in loggers:
         if isinstance(logger, Logger):
-            logger.checkpoint_saved(path)
+            logger.checkpoint_saved(location)
 
 
 def finalize_loggers(loggers: list[Any], status: str) -> list[Exception]:
@@ -296,25 +301,29 @@ def _as_mapping(value: Any) -> Any:
 class CheckpointUploads:
     """A tracker's checkpoint uploads, each run after the save of its path is durable, off the training loop.
 
-    ``submit(path, upload)`` queues ``upload(path)`` behind the pending work of that checkpoint in the checkpoint
-    background thread (``fabric_core.io.background``): it sees the committed checkpoint, and the loop does not wait
-    for the network. A failed upload is a warning (the checkpoint itself is safe on disk). ``wait()`` blocks until
+    ``submit(location, upload)`` queues ``upload(location)`` behind the pending work of that checkpoint in the
+    checkpoint background thread (``fabric_core.io.background``): it sees the committed checkpoint, and the loop does
+    not wait for the network. ``location`` is the :class:`~fabric_core.io.CheckpointLocation` ``checkpoint_saved``
+    received (a path or a URL string is taken too). A failed upload is a warning (the checkpoint itself is safe on disk). ``wait()`` blocks until
     every upload submitted so far is done; trackers call it before closing the run.
     """
 
     def __init__(self) -> None:
         self._handles: list[Any] = []
 
-    def submit(self, path: str, upload: Callable[[str], None]) -> None:
+    def submit(self, location: CheckpointLocation | str, upload: Callable[[CheckpointLocation], None]) -> None:
         from fabric_core.io import background
+        from fabric_core.io.location import CheckpointLocation
+
+        location = CheckpointLocation.of(location)
 
         def work() -> None:
             try:
-                upload(path)
-            except Exception as err:
-                rank_zero_warn(f"Uploading the checkpoint {path!r} failed: {type(err).__name__}: {err}")
+                upload(location)
+            except Exception as err:  # a tracker's client may raise anything; the checkpoint itself is safe
+                rank_zero_warn(f"Uploading the checkpoint {str(location)!r} failed: {type(err).__name__}: {err}")
 
-        self._handles.append(background.submit(path, work))
+        self._handles.append(background.submit(location, work))
 
     def wait(self) -> None:
         handles, self._handles = self._handles, []

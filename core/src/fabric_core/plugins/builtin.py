@@ -19,7 +19,6 @@ from fabric_core.plugins.hookspecs import hookimpl
 
 if TYPE_CHECKING:
     from fabric_core.accelerators.base import Accelerator
-    from fabric_core.io.location import CheckpointLocation
     from fabric_core.plugins.registry import Registrar, Registry
     from fabric_core.strategies.base import Strategy
 
@@ -233,8 +232,3 @@ def fabric_select_launcher(registry: Registry, strategy: Strategy) -> Any:
         return None
     return registry.create("launcher", strategy.launcher_name, strategy)
 
-
-@hookimpl(trylast=True)
-def fabric_select_checkpoint_reader(registry: Registry, path: CheckpointLocation) -> Any:
-    checkpoint_format = registry.checkpoint_format_for(path)
-    return checkpoint_format.read if checkpoint_format is not None else None

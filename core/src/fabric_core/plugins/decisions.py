@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fabric_core.plugins.hookspecs import HOOK_NAMES
@@ -28,8 +27,6 @@ from fabric_core.plugins.registry import CORE_DISTRIBUTION, PluginFailure
 if TYPE_CHECKING:
     from fabric_core.accelerators.base import Accelerator
     from fabric_core.environments.base import ClusterEnvironment
-    from fabric_core.io.format import CheckpointReader
-    from fabric_core.io.location import CheckpointLocation
     from fabric_core.launchers.base import Launcher
     from fabric_core.plugins.registry import Registry
     from fabric_core.precision.base import Precision
@@ -94,11 +91,6 @@ class Decisions:
 
     def select_launcher(self, strategy: Strategy) -> Launcher | None:
         return self.call("fabric_select_launcher", registry=self._registry, strategy=strategy)
-
-    def select_checkpoint_reader(self, path: CheckpointLocation | Path | str) -> CheckpointReader | None:
-        from fabric_core.io.location import CheckpointLocation
-
-        return self.call("fabric_select_checkpoint_reader", registry=self._registry, path=CheckpointLocation.of(path))
 
     # ------------------------------------------------------------------------------------------ machinery
     def implementations(self, hook_name: str) -> list[Any]:

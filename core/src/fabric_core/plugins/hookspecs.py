@@ -30,8 +30,6 @@ import pluggy
 if TYPE_CHECKING:
     from fabric_core.accelerators.base import Accelerator
     from fabric_core.environments.base import ClusterEnvironment
-    from fabric_core.io.format import CheckpointReader
-    from fabric_core.io.location import CheckpointLocation
     from fabric_core.launchers.base import Launcher
     from fabric_core.plugins.registry import Registrar, Registry
     from fabric_core.precision.base import Precision
@@ -202,22 +200,6 @@ def fabric_adjust_strategy(
     nodes. The plugin that owns a family answers the rules of that family, for example "``dp`` on the CPU
     becomes ``ddp``" (fabric-ddp) or "``fsdp`` on a TPU becomes ``xla_fsdp``" (fabric-xla); warn the user
     yourself when the change deserves it. The answer is not asked again. The core has no default.
-    """
-
-
-@hookspec(firstresult=True)
-def fabric_select_checkpoint_reader(registry: Registry, path: CheckpointLocation) -> CheckpointReader | None:
-    """Return a reader ``reader(path, map_location="cpu", weights_only=None) -> dict`` for the checkpoint at ``path``.
-
-    Asked for a checkpoint that is a directory (a sharded FSDP checkpoint, a DeepSpeed folder), which a strategy
-    that does not know its format must still load (a single-device or DDP run), and by ``fabric consolidate``.
-    The reader returns the whole checkpoint in this one process, in the layout of a single-file checkpoint (the
-    model's key holds a plain state dict, optimizers hold torch optimizer state dicts). Return ``None`` when
-    ``path`` is not in your format; recognising it must be cheap (look at file names, import nothing heavy).
-    ``path`` is a :class:`~fabric_core.io.location.CheckpointLocation` (a local path or a URL: reach it through its
-    methods). The core's default (``trylast``) answers with the ``read`` of the first registered checkpoint format
-    that recognises ``path`` (:func:`fabric_register_checkpoint_formats`), so a format registered there needs no
-    implementation of this hook; implement it for a reader that is not a registered format.
     """
 
 

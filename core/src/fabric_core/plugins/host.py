@@ -8,17 +8,15 @@ a :class:`~fabric_core.plugins.registry.Registry` they are given.
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fabric_core.plugins.discovery import build_registry
 from fabric_core.utilities.lazy import collection_paused
 
 if TYPE_CHECKING:
-    from fabric_core.io.formats import CheckpointReader
     from fabric_core.plugins.registry import Registry
 
-__all__ = ["build_registry", "find_checkpoint_reader", "get_registry", "reset_registry", "set_registry"]
+__all__ = ["build_registry", "get_registry", "reset_registry", "set_registry"]
 
 _lock = threading.RLock()
 _registry: Registry | None = None
@@ -51,12 +49,3 @@ def set_registry(registry: Registry | None) -> Registry | None:
 def reset_registry() -> None:
     """Forget the process-wide registry (tests, or after installing a plugin in a running process)."""
     set_registry(None)
-
-
-def find_checkpoint_reader(path: Path | str) -> CheckpointReader | None:
-    """The ``fabric_select_checkpoint_reader`` answer of the process-wide registry.
-
-    What the resolver gives a strategy to read checkpoint directories of formats other plugins own: a module-level
-    function, so a strategy sent to spawned processes pickles it by name and the child asks its own registry.
-    """
-    return get_registry().decisions.select_checkpoint_reader(path)

@@ -380,16 +380,14 @@ class Registry:
         """Build the object registered as ``name`` (``kind``/``name`` positional-only: ``overrides`` may hold a ``name``)."""
         return self.get(kind, name).create(*args, **overrides)
 
-    def checkpoint_format_for(self, location: Any) -> Any | None:
-        """The first registered checkpoint format, in the load order, that recognises the checkpoint at ``location``
-        (a :class:`~fabric_core.io.location.CheckpointLocation`), built with its ``init_kwargs``; ``None`` when none
-        does. A format's module is imported only when its ``recognised_by`` (if any) says yes."""
-        for entry in self._entries["checkpoint_format"].values():  # registration order: the load order
-            if entry.may_recognise(location):
-                candidate = entry.create()
-                if candidate.recognises(location):
-                    return candidate
-        return None
+    def registered_formats(self) -> tuple[Any, ...]:
+        """Every registered checkpoint format in the load order, as the strategies ask them
+        (:class:`~fabric_core.io.format.RegisteredFormat`: a format's module is imported only when its
+        ``recognised_by``, if any, says a location is one of its)."""
+        from fabric_core.io.format import RegisteredFormat
+
+        entries = self._entries["checkpoint_format"].values()  # registration order: the load order
+        return tuple(RegisteredFormat(entry.name, entry.may_recognise, entry.create) for entry in entries)
 
     # ----------------------------------------------------------------------------------------------- hints
     @property

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from fabric_core.io.background import CheckpointHandle
     from fabric_core.io.checkpoint_io import CheckpointIO
     from fabric_core.io.coordination import Coordinator
-    from fabric_core.io.format import CheckpointFormat, FindReader, FormatContext
+    from fabric_core.io.format import CheckpointFormat, FormatContext, RegisteredFormat
     from fabric_core.io.location import CheckpointLocation
     from fabric_core.io.snapshot import SnapshotBuffers
     from fabric_core.io.state import Filter
@@ -122,9 +122,9 @@ class Binding:
     ``precision`` is final (the user's, the strategy's own, or the one :meth:`Strategy.precision_for` or the
     ``fabric_select_precision`` hook gave, already configured for the accelerator). ``select_launcher`` is the
     ``fabric_select_launcher`` decision: a launcher is built around the strategy it starts, so it is asked last,
-    inside the binding step, with the strategy complete. ``find_checkpoint_reader`` returns the reader of a
-    checkpoint folder's format (the ``fabric_select_checkpoint_reader`` hook), so loading a format owned by another
-    plugin needs no registry.
+    inside the binding step, with the strategy complete. ``registered_formats`` are the checkpoint formats the
+    installed plugins registered, which the strategy asks directly whether they recognise a checkpoint its own
+    formats do not (a DDP run loading an FSDP folder), so loading needs no registry.
     """
 
     accelerator: Accelerator
@@ -134,7 +134,7 @@ class Binding:
     checkpoint_io: CheckpointIO | None
     precision: Precision
     select_launcher: Callable[[Strategy], Launcher | None]
-    find_checkpoint_reader: FindReader | None = None
+    registered_formats: tuple[RegisteredFormat, ...] = ()
 
 
 class BackwardSyncControl(ABC):
@@ -188,7 +188,8 @@ class Strategy(ABC):
         self._launcher: Launcher | None = None
         self.cluster_environment: ClusterEnvironment | None = None
         self._num_nodes = 1
-        self._find_checkpoint_reader: FindReader | None = None
+        #: The checkpoint formats the installed plugins registered (the binding's), asked when loading.
+        self.registered_formats: tuple[RegisteredFormat, ...] = ()
         self._snapshot_buffers: SnapshotBuffers | None = None  # made by the first save (`_snapshots`)
         self._bound = False
 
@@ -219,8 +220,8 @@ class Strategy(ABC):
             )
 
     def attach(self, binding: Binding) -> None:
-        """The first part of :meth:`bind`: take the accelerator, nodes, checkpoint I/O and reader lookup the resolver
-        decided (``binding``); values the user set on the strategy itself are kept.
+        """The first part of :meth:`bind`: take the accelerator, nodes, checkpoint I/O and registered checkpoint
+        formats the resolver decided (``binding``); values the user set on the strategy itself are kept.
 
         A strategy that completes itself from the binding (its devices, a check against the accelerator, a mesh)
         extends this method and calls ``super().attach(binding)``; to hand its base class a different decision, it
@@ -232,8 +233,7 @@ class Strategy(ABC):
             self.configured_checkpoint_io = binding.checkpoint_io
         self.check_checkpoint_io(self.configured_checkpoint_io)
         self._num_nodes = binding.num_nodes
-        if binding.find_checkpoint_reader is not None:
-            self._find_checkpoint_reader = binding.find_checkpoint_reader
+        self.registered_formats = tuple(binding.registered_formats)
 
     @property
     def accelerator(self) -> Accelerator | None:
@@ -676,7 +676,7 @@ class Strategy(ABC):
     def checkpoint_context(self) -> FormatContext:
         """What a checkpoint format receives from this strategy (:class:`~fabric_core.io.format.FormatContext`):
         the coordinator, the module and optimizer state adapters (the four methods above), the precision's state,
-        and the reader lookup. Override to hand a format something else (fabric-fsdp hands full-state adapters);
+        and the topology. Override to hand a format something else (fabric-fsdp hands full-state adapters);
         call it on every rank."""
         from fabric_core.io.format import FormatContext
 
@@ -690,7 +690,6 @@ class Strategy(ABC):
             load_optimizer_state=self.load_optimizer_state,
             precision_state=self.precision.state_dict,
             load_precision_state=self.precision.load_state_dict,
-            find_reader=self._find_checkpoint_reader,
             background_coordinator=self.checkpoint_coordinator,
         )
 
@@ -711,8 +710,8 @@ class Strategy(ABC):
 
     def checkpoint_formats(self) -> list[CheckpointFormat]:
         """The formats this strategy loads, asked in order which recognises a path; the last one (the single file)
-        takes whatever is not a folder. Folders of formats not listed are read whole through the registered format
-        (or the installed plugin's reader) that recognises them (``fabric_select_checkpoint_reader``)."""
+        takes any file, after the :attr:`registered_formats` were asked: a checkpoint of a registered format not
+        listed here is read whole and restored through this strategy's adapters."""
         from fabric_core.io.single_file import SingleFileFormat
 
         return [SingleFileFormat(self.checkpoint_io, self._snapshots())]
@@ -726,8 +725,8 @@ class Strategy(ABC):
         *,
         checkpoint_format: CheckpointFormat | None = None,
     ) -> None:
-        """Write ``state`` at ``path`` in ``checkpoint_format`` (any format, e.g. one a plugin registered:
-        ``registry.create("checkpoint_format", name)``; by default :meth:`checkpoint_format`), through this
+        """Write ``state`` at ``path`` in ``checkpoint_format`` (any format: ``fabric.save(...,
+        checkpoint_format=NAME)`` passes a registered one; by default :meth:`checkpoint_format`), through this
         strategy's :meth:`checkpoint_context`; on return (on every rank) it is complete there."""
         from fabric_core.io.location import CheckpointLocation
 
@@ -761,7 +760,7 @@ class Strategy(ABC):
         from fabric_core.io.location import CheckpointLocation
 
         location = CheckpointLocation.of(path)
-        checkpoint_format = format_for_loading(location, self.checkpoint_formats(), self._find_checkpoint_reader)
+        checkpoint_format, _ = format_for_loading(location, self.checkpoint_formats(), self.registered_formats)
         return checkpoint_format.read(location, weights_only=weights_only)
 
     def load_checkpoint(
@@ -772,15 +771,22 @@ class Strategy(ABC):
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
         """Restore ``state`` in place from ``path`` and return what the checkpoint holds beyond it, through the
-        format that recognises ``path`` (:func:`~fabric_core.io.format.format_for_loading`)."""
+        format that recognises ``path`` (:func:`~fabric_core.io.format.format_for_loading`): its own ``load``, or,
+        for a registered format this strategy does not own, read whole and restored through its adapters."""
         from fabric_core.io.format import format_for_loading
         from fabric_core.io.location import CheckpointLocation
 
         location = CheckpointLocation.of(path)
-        checkpoint_format = format_for_loading(location, self.checkpoint_formats(), self._find_checkpoint_reader)
-        return checkpoint_format.load(
-            location, state, self.checkpoint_context(), strict=strict, weights_only=weights_only
-        )
+        checkpoint_format, foreign = format_for_loading(location, self.checkpoint_formats(), self.registered_formats)
+        load = checkpoint_format.load_whole if foreign else checkpoint_format.load
+        return load(location, state, self.checkpoint_context(), strict=strict, weights_only=weights_only)
+
+    def own_format(self, checkpoint_format: CheckpointFormat) -> CheckpointFormat:
+        """This strategy's own instance of ``checkpoint_format``'s kind when it has one (built with its
+        ``CheckpointIO``, its owner lookups), else ``checkpoint_format``: what ``fabric.save(...,
+        checkpoint_format=NAME)`` writes with."""
+        own = [f for f in self.checkpoint_formats() if type(f) is type(checkpoint_format)]
+        return own[0] if own else checkpoint_format
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={self.root_device})"

@@ -15,8 +15,8 @@ of this module that ``DeepSpeedStrategy.checkpoint_context()`` hands over: full 
 optimizer state dict cannot go into a ZeRO optimizer (:func:`check_restorable` refuses before anything is loaded).
 
 :func:`load_deepspeed_checkpoint` turns a DeepSpeed folder into the single-file layout in one process, with no
-process group (DeepSpeed's ``zero_to_fp32`` merges the partitions into float32 weights); the core uses it through
-the ``fabric_select_checkpoint_reader`` hook (a single device, DDP, FSDP) and for ``fabric consolidate``.
+process group (DeepSpeed's ``zero_to_fp32`` merges the partitions into float32 weights): the registered format's
+``read``, which other strategies (a single device, DDP, FSDP) and ``fabric consolidate`` use.
 """
 
 from __future__ import annotations
@@ -361,6 +361,23 @@ class DeepSpeedFormat(CheckpointFormat):
                 )
 
         commit_directory(location, write, context.coordinator)
+
+    def write_async(
+        self,
+        location: CheckpointLocation,
+        state: dict[str, Any],
+        context: FormatContext,
+        *,
+        filter: Filter | None = None,
+        storage_options: Any | None = None,
+    ) -> Any:
+        """Refused: the engine writes its partitions from the live engine, so there is no snapshot to write later."""
+        raise NotImplementedError(
+            "`fabric.save(..., async_save=True)` is not supported with DeepSpeed: its engine writes the checkpoint"
+            " directory on every rank itself (the ZeRO partitions live inside its optimizer), so there is no snapshot"
+            " to hand to a background writer. Call `fabric.save(path, state)`: it returns when every rank has written"
+            " its files and the directory is committed."
+        )
 
     def read(
         self, location: CheckpointLocation, map_location: Any = "cpu", weights_only: bool | None = None

@@ -25,7 +25,7 @@ from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
 
-from fabric_core.io import CheckpointFormat, CheckpointHandle, CheckpointLocation, Filter, FormatContext
+from fabric_core.io import CheckpointFormat, CheckpointLocation, FormatContext
 from fabric_core.precision import Precision
 from fabric_core.strategies import (
     DATA_REPLICATE,
@@ -471,22 +471,6 @@ class DeepSpeedStrategy(ParallelStrategy):
             load_module_state=lambda module, state, strict: ds_checkpoint.load_module_state(engines, module, state, strict),
             load_optimizer_state=lambda optimizer, state: ds_checkpoint.load_optimizer_state(engines, optimizer, state),
             check_restore=ds_checkpoint.check_restorable,
-        )
-
-    def save_checkpoint_async(
-        self,
-        path: CheckpointLocation | str | Path,
-        state: dict[str, Any],
-        storage_options: Any | None = None,
-        filter: Filter | None = None,
-        *,
-        checkpoint_format: CheckpointFormat | None = None,
-    ) -> CheckpointHandle:
-        raise NotImplementedError(
-            "`fabric.save(..., async_save=True)` is not supported with DeepSpeed: its engine writes the checkpoint"
-            " directory on every rank itself (the ZeRO partitions live inside its optimizer), so there is no snapshot"
-            " to hand to a background writer. Call `fabric.save(path, state)`: it returns when every rank has written"
-            " its files and the directory is committed."
         )
 
     def load_checkpoint(

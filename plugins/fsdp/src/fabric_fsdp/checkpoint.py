@@ -11,12 +11,12 @@ Two layouts (described in :mod:`fabric_fsdp.layout`):
   (locally or at a URL); loading reshards (N ranks saved, M load).
 
 Everything else comes from the core, once: the walk over the user's state, the crash-safe commits, the path
-errors, and reading other plugins' folders (the context's reader lookup). A format receives what it needs from
+errors, and reading other plugins' folders (the registered formats, which the strategy asks). A format receives what it needs from
 the strategy explicitly (a :class:`~fabric_core.io.format.FormatContext`, plus the optimizer-to-model lookup and
 the DCP stager given to :class:`ShardedFormat`), so any FSDP2-based strategy can use it.
 
-:func:`load_sharded_checkpoint` reads a sharded folder whole in one process, with no process group; the core uses
-it through the ``fabric_select_checkpoint_reader`` hook (single device, DDP) and for ``fabric consolidate``.
+:func:`load_sharded_checkpoint` reads a sharded folder whole in one process, with no process group: the registered
+format's ``read``, which other strategies (single device, DDP) and ``fabric consolidate`` use.
 """
 
 from __future__ import annotations

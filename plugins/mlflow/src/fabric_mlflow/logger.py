@@ -20,6 +20,7 @@ from typing import Any
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
+from fabric_core.io import CheckpointLocation
 from fabric_core.loggers import (
     CheckpointUploads,
     Logger,
@@ -218,30 +219,29 @@ class MLFlowLogger(Logger):
             client.log_batch(self._run_id, tags=chunk)
 
     # ------------------------------------------------------------------------------------------------ checkpoints
-    def checkpoint_saved(self, path: str) -> None:
+    def checkpoint_saved(self, location: CheckpointLocation) -> None:
         """With ``log_checkpoints=True``, upload the checkpoint ``fabric.save`` just wrote (rank 0)."""
         if self._log_checkpoints:
-            self.log_checkpoint(path)
+            self.log_checkpoint(location)
 
     @rank_zero_only
-    def log_checkpoint(self, path: str | os.PathLike[str], artifact_path: str = "checkpoints") -> None:
+    def log_checkpoint(self, path: str | os.PathLike[str] | CheckpointLocation, artifact_path: str = "checkpoints") -> None:
         """Upload the checkpoint at ``path`` (a file or a sharded folder) to ``<artifact_path>/<its name>`` of the
         run, once any save of ``path`` still in flight is durable. A URL is recorded as the tag
         ``fabric.checkpoint`` instead (MLflow cannot copy from remote storage)."""
         client, run_id = self.experiment, self._run_id
-        path = os.fspath(path)
-        if "://" in path:
-            client.set_tag(run_id, "fabric.checkpoint", path)
+        location = CheckpointLocation.of(path)
+        if location.is_url:
+            client.set_tag(run_id, "fabric.checkpoint", str(location))
             return
 
-        def upload(target: str) -> None:
-            if os.path.isdir(target):
-                name = os.path.basename(os.path.normpath(target))
-                client.log_artifacts(run_id, target, artifact_path=f"{artifact_path}/{name}")
+        def upload(saved: CheckpointLocation) -> None:
+            if saved.is_dir():
+                client.log_artifacts(run_id, str(saved.path), artifact_path=f"{artifact_path}/{saved.path.name}")
             else:
-                client.log_artifact(run_id, target, artifact_path=artifact_path)
+                client.log_artifact(run_id, str(saved.path), artifact_path=artifact_path)
 
-        self._uploads.submit(path, upload)
+        self._uploads.submit(location, upload)
 
     # ------------------------------------------------------------------------------------------------ the end
     @rank_zero_only

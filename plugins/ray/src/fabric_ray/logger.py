@@ -31,7 +31,7 @@ from typing import Any
 
 import ray.train
 
-from fabric_core.io import commit_directory, commit_file
+from fabric_core.io import CheckpointLocation, commit_directory, commit_file, wait_for_save
 from fabric_core.loggers import Logger, add_prefix
 from fabric_core.utilities import get_rank, rank_zero_warn
 
@@ -127,20 +127,16 @@ class RayTrainLogger(Logger):
         self._metrics.update(values)
         self._session.report(values)
 
-    def checkpoint_saved(self, path: str) -> None:
+    def checkpoint_saved(self, location: CheckpointLocation) -> None:
         if not self._report_checkpoints:
             return
-        from fabric_core.io import CheckpointLocation, wait_for_save
-
-        location = CheckpointLocation.of(path)
         if location.is_url:
             rank_zero_warn(
-                f"The checkpoint {path!r} is at a URL; fabric-ray reports local checkpoints to Ray only. Save to a"
+                f"The checkpoint {str(location)!r} is at a URL; fabric-ray reports local checkpoints to Ray only. Save to a"
                 " local path (Ray copies it into `RunConfig(storage_path=...)`, which may itself be a URL)."
             )
             return
         wait_for_save(location)  # an asynchronous save is complete before Ray copies it
-        # the location's own local path: `path` may be spelled `file:///...`, which `Path(path)` would misread
         source = location.path.absolute()
         # Every worker reports (Ray Train counts reports per worker); rank 0, which has the whole checkpoint (a
         # sharded one is in a folder every rank can reach), attaches it.

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import wandb
 
+from fabric_core.io import CheckpointLocation
 from fabric_core.loggers import (
     CheckpointUploads,
     Logger,
@@ -201,30 +202,32 @@ class WandbLogger(Logger):
         self.experiment.watch(model, log=log, log_freq=log_freq, log_graph=log_graph)
 
     # ------------------------------------------------------------------------------------------------ checkpoints
-    def checkpoint_saved(self, path: str) -> None:
+    def checkpoint_saved(self, location: CheckpointLocation) -> None:
         """With ``log_checkpoints=True``, upload the checkpoint ``fabric.save`` just wrote (rank 0)."""
         if self._log_checkpoints:
-            self.log_checkpoint(path)
+            self.log_checkpoint(location)
 
     @rank_zero_only
-    def log_checkpoint(self, path: str | os.PathLike[str], aliases: list[str] | None = None, metadata: dict | None = None) -> None:
+    def log_checkpoint(
+        self, path: str | os.PathLike[str] | CheckpointLocation, aliases: list[str] | None = None, metadata: dict | None = None
+    ) -> None:
         """Upload the checkpoint at ``path`` (a file, a sharded folder, or a URL, logged as a reference) as a new
         version of the ``model`` artifact, once any save of ``path`` still in flight is durable."""
         run = self.experiment
         name = self._checkpoint_name or f"model-{run.id}"
         aliases = list(aliases) if aliases is not None else ["latest"]
 
-        def upload(target: str) -> None:
-            artifact = wandb.Artifact(name=name, type="model", metadata={"path": target, **(metadata or {})})
-            if "://" in target:
-                artifact.add_reference(target)
-            elif os.path.isdir(target):
-                artifact.add_dir(target)
+        def upload(location: CheckpointLocation) -> None:
+            artifact = wandb.Artifact(name=name, type="model", metadata={"path": str(location), **(metadata or {})})
+            if location.is_url:
+                artifact.add_reference(str(location))
+            elif location.is_dir():
+                artifact.add_dir(str(location.path))
             else:
-                artifact.add_file(target, name=os.path.basename(target))
+                artifact.add_file(str(location.path), name=location.name)
             run.log_artifact(artifact, aliases=aliases)
 
-        self._uploads.submit(os.fspath(path), upload)
+        self._uploads.submit(CheckpointLocation.of(path), upload)
 
     # ------------------------------------------------------------------------------------------------ the end
     @rank_zero_only

@@ -35,8 +35,3 @@ def fabric_detect_cluster_environment(registry):
 @hookimpl(tryfirst=True)
 def fabric_select_launcher(registry, strategy):
     _boom("fabric_select_launcher")
-
-
-@hookimpl(tryfirst=True)
-def fabric_select_checkpoint_reader(path):
-    _boom("fabric_select_checkpoint_reader")
