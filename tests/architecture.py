@@ -383,11 +383,13 @@ def counts(library_private: set[str] = frozenset()) -> dict[str, tuple[int, list
 
 
 def torch_private_members() -> set[str]:
-    """Private members of torch's modules and optimizers (``_buffers``): the library's, touched by core and plugins."""
+    """Private members of torch's modules, optimizers and device meshes (``_buffers``, ``DeviceMesh._flatten``): the
+    library's, touched by core and plugins alike."""
     import torch
+    from torch.distributed.device_mesh import DeviceMesh
 
     module, optimizer = torch.nn.Module(), torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
-    return set(dir(module)) | set(dir(optimizer))
+    return set(dir(module)) | set(dir(optimizer)) | set(dir(DeviceMesh))
 
 
 def main(argv: list[str]) -> int:
