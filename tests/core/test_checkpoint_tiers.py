@@ -2,7 +2,7 @@
 checksums (a corrupted snapshot falls back to the one before, a torn one is never seen, a copy cut midway never
 commits), the shared-memory limits, rollback on a non-finite loss, the overlapped copy's guard, and the preemption
 deadline. The multi-node scenarios (peer copies, a lost node, SIGTERM under ``fabric run``) are in
-``tests/plugins/ddp/test_checkpoint_tiers.py``.
+``tests/plugins/ddp/test_tiers_across_nodes.py``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A run with checkpoint tiers (memory every step with peer copies, disk every 5), resumed from the newest checkpoint
-any tier holds; run by ``tests/plugins/ddp/test_checkpoint_tiers.py`` under ``fabric run`` (ddp, CPU).
+any tier holds; run by ``tests/plugins/ddp/test_tiers_across_nodes.py`` under ``fabric run`` (ddp, CPU).
 
     python tiers_train.py OUTDIR
 
