@@ -809,8 +809,8 @@ class Fabric:
             handle = self._strategy.save_checkpoint_async(path=location, state=unwrapped, filter=filter, **extra)
         else:
             self._strategy.save_checkpoint(path=location, state=unwrapped, filter=filter, **extra)
-        if keep_last is not None and self.is_global_zero:
-            io.background.submit(location, partial(io.retention.prune, location, keep_last))  # after this save: work runs in order
+        if keep_last is not None and self.is_global_zero:  # after this save is durable; its handle then covers the prune
+            handle = io.background.submit(location, partial(_prune_after, handle, location, keep_last))
         self._strategy.barrier()  # from here on the checkpoint is at `location` for every rank
         if self._loggers:
             experiment_loggers.base.notify_checkpoint_saved(self._loggers, location)
@@ -962,6 +962,14 @@ class Fabric:
             f"Fabric(accelerator={self._accelerator.name!r}, strategy={type(self._strategy).__name__},"
             f" precision={self._precision.precision!r}, world_size={self.world_size})"
         )
+
+
+def _prune_after(save: Any, location: Any, keep_last: int) -> list[str]:
+    """``keep_last``'s prune, in the background queue: only once the save it follows is durable (an async save's
+    handle may come from a strategy's own machinery rather than this queue)."""
+    if save is not None:
+        save.wait()
+    return io.retention.prune(location, keep_last)
 
 
 def _filter_kwargs(fn: Callable, kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -186,6 +186,7 @@ DDP_SCRIPT = textwrap.dedent(
 
 @pytest.mark.multiprocess
 def test_a_third_party_script_launcher_runs_a_two_process_ddp_job(plugin_sites, tmp_path):
+    # multiprocess-check: starts ranks (fabric run --launcher local_procs --devices 2, through the fabric_run helper)
     pytest.importorskip("fabric_ddp", reason="needs fabric-ddp (the XLA lane installs only fabric-core and fabric-xla)")
     script = tmp_path / "train.py"
     script.write_text(DDP_SCRIPT)

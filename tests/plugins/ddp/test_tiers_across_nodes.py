@@ -188,6 +188,7 @@ def test_a_lost_node_resumes_from_peer_copies_and_a_node_lost_for_good_resumes_o
 
 @pytest.mark.timeout(600)
 def test_sigterm_saves_at_the_next_step_and_the_job_exits_for_a_requeue(tmp_path: Path, memory_dirs):
+    # multiprocess-check: starts ranks (_single runs fabric run --devices 2)
     out = tmp_path / "preempted"
     out.mkdir()
     shm = memory_dirs("a")

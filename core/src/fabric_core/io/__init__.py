@@ -67,7 +67,7 @@ __getattr__, __dir__ = lazy_exports(
         "CheckpointSaveError": "fabric_core.io.errors",
         "CheckpointFormat": "fabric_core.io.format",
         "FormatContext": "fabric_core.io.format",
-        "RegisteredFormat": "fabric_core.io.format",
+        "RegisteredFormat": "fabric_core.io.registered",
         "lazy_load": "fabric_core.io.lazy",
         "CheckpointLocation": "fabric_core.io.location",
         "Filter": "fabric_core.io.state",

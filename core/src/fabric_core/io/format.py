@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from fabric_core.io.coordination import Coordinator
 from fabric_core.io.errors import checkpoint_path_error
 from fabric_core.io.location import CheckpointLocation
+from fabric_core.io.registered import RegisteredFormat
 from fabric_core.io.state import Filter, restore_state, state_to_save
 
 if TYPE_CHECKING:
@@ -227,26 +228,6 @@ def snapshot_context(context: FormatContext, coordinator: Any) -> FormatContext:
         precision_state=dict,
         prepare_for_writing=lambda converted: converted,
     )
-
-
-@dataclass(frozen=True)
-class RegisteredFormat:
-    """A checkpoint format an installed plugin registered (``fabric_register_checkpoint_formats``), as the resolver
-    hands it to every strategy: asked directly whether it recognises a checkpoint, built only when its cheap check
-    says yes (its module imported then, not before)."""
-
-    name: str
-    #: the registration's cheap ``location -> bool`` (``recognised_by``); ``True`` when it has none
-    may_recognise: Callable[[CheckpointLocation], bool]
-    #: builds the format with its registered ``init_kwargs``
-    create: Callable[[], CheckpointFormat]
-
-    def recognising(self, location: CheckpointLocation) -> CheckpointFormat | None:
-        """The format, built, when a complete checkpoint of it is at ``location``; else ``None``."""
-        if not self.may_recognise(location):
-            return None
-        candidate = self.create()
-        return candidate if candidate.recognises(location) else None
 
 
 def expected_checkpoints(formats: Sequence[CheckpointFormat]) -> str:

@@ -382,9 +382,9 @@ class Registry:
 
     def registered_formats(self) -> tuple[Any, ...]:
         """Every registered checkpoint format in the load order, as the strategies ask them
-        (:class:`~fabric_core.io.format.RegisteredFormat`: a format's module is imported only when its
+        (:class:`~fabric_core.io.registered.RegisteredFormat`: a format's module is imported only when its
         ``recognised_by``, if any, says a location is one of its)."""
-        from fabric_core.io.format import RegisteredFormat
+        from fabric_core.io.registered import RegisteredFormat
 
         entries = self._entries["checkpoint_format"].values()  # registration order: the load order
         return tuple(RegisteredFormat(entry.name, entry.may_recognise, entry.create) for entry in entries)
