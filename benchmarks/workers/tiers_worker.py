@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import sys
 import threading
@@ -111,7 +110,7 @@ def steps(out: Path, state_mib: float, batch: int, n: int, reps: int) -> None:
         return process.save(s, state).handles["disk"]
 
     savers = {"thread": thread_save, "process": process_save}
-    for name, save in savers.items():  # warm-up: snapshot buffers, the keeper's first torch import
+    for save in savers.values():  # warm-up: snapshot buffers, the keeper's first torch import
         save(step).wait()
     for rep in range(reps):
         order = ["none", "thread", "process"]
