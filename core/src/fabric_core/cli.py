@@ -1,5 +1,5 @@
 """The ``fabric`` command line: ``fabric plugins``, ``fabric run``, ``fabric consolidate``, ``fabric env``,
-``fabric ledger``.
+``fabric ledger``, ``fabric goodput`` (:mod:`fabric_core.cli_goodput`).
 
 Built on argparse so the core needs no CLI dependency. Importing this module is cheap (no torch): ``fabric
 --help`` must answer instantly, and ``fabric plugins`` lists every registered name *without* importing the
@@ -307,12 +307,14 @@ def build_parser() -> argparse.ArgumentParser:
     from fabric_core.cli_consolidate import add_consolidate_parser
     from fabric_core.cli_env import add_env_parser
     from fabric_core.cli_ledger import add_ledger_parser
+    from fabric_core.cli_goodput import add_goodput_parser
     from fabric_core.cli_run import add_run_parser
 
     add_run_parser(subparsers)
     add_consolidate_parser(subparsers)
     add_env_parser(subparsers)
     add_ledger_parser(subparsers)
+    add_goodput_parser(subparsers)
     return parser
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import time
 from collections.abc import Callable, Generator, Iterable, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from functools import partial
+from functools import partial, wraps
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -28,7 +29,7 @@ from fabric_core import connector, io, loop, strategies, utilities
 from fabric_core import loggers as experiment_loggers
 from fabric_core.accelerators.base import Accelerator
 from fabric_core.plugins.host import get_registry
-from fabric_core.runtime import failures, hang, run
+from fabric_core.runtime import failures, goodput, hang, run
 from fabric_core.runtime import ledger as runtime_ledger
 from fabric_core.runtime.hang import counts_as_progress, report_progress, start_watchdog
 from fabric_core.runtime.run import RunInfo
@@ -75,6 +76,32 @@ def _library_packages() -> dict[str, str]:
 def _shards_without_data_parallel_ranks(strategy: Strategy, module: Module) -> bool:
     """Sharded (DTensor) parameters from a multi-process strategy that does not say which ranks share data."""
     return not strategies.layout.declares_data_parallel(strategy) and utilities.dtensor.has_dtensor_parameters(module)
+
+
+def _checkpoint_section(kind: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The time of ``fabric.save``/``load``/``latest_checkpoint`` is checkpoint time in the goodput ledger, with the
+    checkpoint hang limit; a save's cost and step are recorded, and a load of one of this run's saves continues its
+    step count (runtime/goodput.py)."""
+
+    def decorate(method: Callable[..., Any]) -> Callable[..., Any]:
+        @wraps(method)
+        def timed(self: Fabric, path: Any, *args: Any, **kwargs: Any) -> Any:
+            started = time.monotonic()
+            with goodput.section(goodput.CHECKPOINT):
+                result = method(self, path, *args, **kwargs)
+            ledger = goodput.current()
+            if ledger is not None and kind != "look":
+                key = str(io.CheckpointLocation.of(path))
+                key = key if "://" in key else os.path.abspath(key)
+                if kind == "save":
+                    ledger.record_save(key, time.monotonic() - started)
+                else:
+                    ledger.resume(key)
+            return result
+
+        return timed
+
+    return decorate
 
 
 class Fabric:
@@ -150,10 +177,13 @@ class Fabric:
                 )
             self.run = partial(self._wrap_and_launch, self.run)  # type: ignore[method-assign]
 
+        self._monitoring = False
+        self._goodput_logged_at_exit = False
+        self._goodput_at_exit = False
         if connector.launched_by_cli():
             self._strategy.setup_environment()
             self._launched = True
-            start_watchdog(self.global_rank, _library_packages)  # FABRIC_HANG_TIMEOUT (runtime/hang.py)
+            self._start_monitoring()
 
     # ------------------------------------------------------------------------------------------------ properties
     @property
@@ -270,9 +300,53 @@ class Fabric:
             return launcher.launch(to_run, *args, **kwargs)
         return to_run(*args, **kwargs)
 
+    def _start_monitoring(self) -> None:
+        """Once the ranks are known: the goodput ledger, and the monitor thread (hang detection, stragglers, the
+        ledger's records; runtime/hang.py). A single process without loggers or a chosen run folder keeps none."""
+        if self._monitoring:
+            return
+        self._monitoring = True
+        info = self.run_info
+        write = info.chosen or bool(self._loggers)
+        if write or self.world_size > 1 or hang.hang_timeout() is not None:
+            goodput.start(info, self.global_rank, self.world_size, write=write)
+            goodput.set_event_handler(self._on_run_event)
+        start_watchdog(self.global_rank, _library_packages, world_size=self.world_size, job=info.job, restart=info.restart)
+
+    def _on_run_event(self, event: Any) -> None:
+        """What the monitor thread found, on the main thread at a step: a straggler goes to the loggers (global rank
+        0) and to every rank's ``on_straggler`` callbacks."""
+        from fabric_core.runtime.stragglers import Straggler
+
+        if isinstance(event, Straggler):
+            ledger = goodput.current()
+            if self.is_global_zero and self._loggers:
+                metrics = {
+                    "straggler/rank": event.rank,
+                    "straggler/slower_s": event.slower_s,
+                    "straggler/slower_share": event.slower_share,
+                    "straggler/since_step": event.since_step,
+                }
+                self.log_dict(metrics, step=ledger.global_step if ledger is not None else None)
+            self.call("on_straggler", fabric=self, straggler=event)
+
+    def section(self, name: str, *, hang_limit: float | None = None) -> AbstractContextManager[None]:
+        """A stretch of the script that is not training steps: its time counts as ``name`` in the goodput ledger
+        (not as the step it interrupts), and the hang detector gives it ``hang_limit`` seconds without progress
+        (default: 60 minutes) instead of the step limit::
+
+            with fabric.section("evaluation"):
+                if fabric.is_global_zero:
+                    evaluate(model)        # minutes of work on rank 0 alone
+            fabric.barrier()
+
+        The ranks that wait meanwhile (in the barrier) are not flagged: they wait in a collective, and rank 0 is
+        within its section's limit. Nested sections count as the outermost."""
+        return goodput.section(name, hang_limit)
+
     def _wrap_with_setup(self, to_run: Callable, *args: Any, **kwargs: Any) -> Any:
         self._strategy.setup_environment()
-        start_watchdog(self.global_rank, _library_packages)  # FABRIC_HANG_TIMEOUT (runtime/hang.py)
+        self._start_monitoring()
         try:
             with utilities.data.capture_init_arguments():
                 return to_run(*args, **kwargs)
@@ -282,6 +356,22 @@ class Fabric:
                 for logger_error in self._finalize_loggers("failed"):
                     err.add_note(f"Finalizing a logger failed as well: {type(logger_error).__name__}: {logger_error}")
             raise
+
+    def _log_goodput(self) -> None:
+        """Global rank 0: the run's goodput shares so far, as ``goodput/...`` metrics (at teardown, or at exit before
+        the loggers close). Never raises."""
+        ledger = goodput.current()
+        if self._goodput_logged_at_exit or not self._loggers or not self.is_global_zero or ledger is None or not ledger.write:
+            return
+        self._goodput_logged_at_exit = True
+        try:
+            from fabric_core.runtime import goodput_report
+
+            ledger.flush()
+            summary = goodput_report.summarize(ledger.info.dir)  # type: ignore[union-attr]
+            self.log_dict(goodput_report.metrics(summary), step=ledger.global_step)
+        except Exception:
+            pass
 
     def _finalize_loggers(self, status: str) -> list[Exception]:
         """Finalize every logger (those without ``finalize`` are skipped); returns the errors they raised."""
@@ -302,6 +392,7 @@ class Fabric:
         a script: the process group is released at interpreter exit anyway. Calling it twice is harmless;
         collectives after it raise.
         """
+        self._log_goodput()
         errors = self._finalize_loggers("success")
         if self._tiers is not None:
             self._tiers.close(finished=False)
@@ -316,6 +407,8 @@ class Fabric:
     ) -> Any:
         """Set up a model and its optimizers; returns ``model`` or ``(model, *optimizers[, scheduler])``."""
         self._validate_launched()
+        if not self._monitoring and not self._strategy.requires_launch:
+            self._start_monitoring()  # one process, never launched: its ledger starts with its first model
         self._validate_setup(module, optimizers, "setup")
         module, compile_kwargs = self._unwrap_compiled(module, _reapply_compile)
         original = module
@@ -346,6 +439,8 @@ class Fabric:
     def setup_module(self, module: Module, move_to_device: bool = True, _reapply_compile: bool = True) -> FabricModule:
         """Set up a model alone (then create its optimizer and call :meth:`setup_optimizers`)."""
         self._validate_launched()
+        if not self._monitoring and not self._strategy.requires_launch:
+            self._start_monitoring()
         self._validate_setup(module, (), "setup_module")
         module, compile_kwargs = self._unwrap_compiled(module, _reapply_compile)
         original = module
@@ -563,8 +658,8 @@ class Fabric:
     def backward(self, tensor: Tensor, *args: Any, model: Any = None, **kwargs: Any) -> None:
         """Replace ``loss.backward()``: lets the precision scale the loss and engines own the backward pass."""
         # One frame on every step: the plan says whether the strategy's chain would only call `tensor.backward`.
-        if hang.watching:
-            report_progress()
+        if goodput.marking:
+            goodput.on_backward()
         strategy = self._strategy
         paths = self._paths
         if strategy.configured_precision is not paths.precision:  # a replaced precision: decide again
@@ -580,7 +675,7 @@ class Fabric:
             tensor.backward(*args, **kwargs)
         else:
             tensor.backward()  # the call exactly as a plain loop makes it
-        if hang.watching:
+        if goodput.marking:
             report_progress()
 
     @counts_as_progress
@@ -753,6 +848,7 @@ class Fabric:
 
     # ------------------------------------------------------------------------------------------------ checkpoints
     @counts_as_progress
+    @_checkpoint_section("save")
     def save(
         self,
         path: str | Path,
@@ -831,6 +927,7 @@ class Fabric:
         return self._strategy.own_format(chosen) if chosen is not None else None
 
     @counts_as_progress
+    @_checkpoint_section("load")
     def load(
         self, path: str | Path, state: dict[str, Any] | None = None, strict: bool = True, *, weights_only: bool | None = None
     ) -> dict[str, Any]:
@@ -870,6 +967,7 @@ class Fabric:
                     state[key] = value
         return remainder
 
+    @_checkpoint_section("look")
     def latest_checkpoint(self, series: Any) -> str | None:
         """The newest complete checkpoint of a numbered series, the same on every rank; ``None`` before the first.
 
@@ -948,6 +1046,11 @@ class Fabric:
         """Send metrics to every logger; tensors become Python scalars first."""
         if not self._loggers:
             return
+        if not self._goodput_at_exit:  # registered after the loggers' own finalizers, so it runs before them
+            self._goodput_at_exit = True
+            import atexit
+
+            atexit.register(self._log_goodput)
         metrics = convert_tensors_to_scalars(metrics)
         for logger in self._loggers:
             logger.log_metrics(metrics=metrics, step=step)

@@ -27,7 +27,7 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader, DistributedSampler
 
 from fabric_core.precision.base import Precision
-from fabric_core.runtime import hang
+from fabric_core.runtime import goodput
 from fabric_core.runtime import ledger as _ledger
 from fabric_core.utilities.apply import apply_to_collection, iterate_moved
 
@@ -259,6 +259,8 @@ class FabricModule(Module):
         ``torch.compile`` of the wrapper via ``module.compile()``, no ``forward`` patched on the instance, no JIT
         tracing, and ``nn.Module.__call__`` not replaced. The inner module's own call runs its hooks as usual.
         """
+        if goodput.marking:  # the goodput ledger's and hang detector's mark (runtime/goodput.py)
+            goodput.on_forward()
         # Read through the instance __dict__: attribute loads on a Module (which has `__getattr__`) are slow.
         d = self.__dict__
         paths = d["_direct"]
@@ -508,8 +510,6 @@ class FabricOptimizer:
         self._optimizer.load_state_dict(state_dict)
 
     def step(self, closure: Callable | None = None) -> Any:
-        if hang.watching:  # FABRIC_HANG_TIMEOUT: a step is progress (utilities/hang.py)
-            hang.report_progress()
         strategy = self._strategy
         paths = self._paths
         if strategy.configured_precision is not paths.precision:  # a replaced precision: decide again
@@ -528,6 +528,8 @@ class FabricOptimizer:
                 hook(strategy=strategy, optimizer=target)
         if _ledger.open_ledger is not None:  # FABRIC_SAMPLE_LEDGER: the batches handed out since are trained
             _ledger.open_ledger.commit()
+        if goodput.marking:  # the step is over: the goodput ledger and the hang detector (runtime/goodput.py)
+            goodput.on_step()
         return output
 
     def zero_grad(self, *args: Any, **kwargs: Any) -> None:
