@@ -421,26 +421,25 @@ def test_dataloader_batches_are_moved_like_before():
     assert torch.equal(batch["id"], torch.tensor([0, 1])) and batch["x"].shape == (2, 1)
 
 
-@pytest.mark.parametrize("watching", [False, True])
-def test_a_step_reports_progress_only_while_a_watchdog_watches(monkeypatch: pytest.MonkeyPatch, watching: bool):
-    """Without FABRIC_HANG_TIMEOUT the per-step calls skip the hang detector; with it, backward and step each report
-    progress, also for objects set up before the watchdog started (the flag is read on every call)."""
-    from fabric_core.runtime import hang
+@pytest.mark.parametrize("marking", [False, True])
+def test_a_step_reports_progress_only_while_marking(monkeypatch: pytest.MonkeyPatch, marking: bool):
+    """Without a ledger or a watchdog the per-step calls skip the marks; with them, forward, backward and step each
+    report progress, also for objects set up before the marks were switched on (the flag is read on every call)."""
+    from fabric_core.runtime import goodput, hang
 
     fabric = Fabric(accelerator="cpu", devices=1)
     layer = nn.Linear(2, 1)
     model, optimizer = fabric.setup(layer, torch.optim.SGD(layer.parameters(), lr=0.1))
-    monkeypatch.setattr(hang, "watching", watching)  # as start_watchdog does, after setup
-    monkeypatch.setattr(hang, "_last", -1.0)
-    fabric.backward(model(torch.ones(1, 2)).sum())
-    after_backward = hang._last
-    monkeypatch.setattr(hang, "_last", -1.0)
-    optimizer.step()
-    after_step = hang._last
-    if watching:
-        assert after_backward > 0 and after_step > 0
+    monkeypatch.setattr(goodput, "marking", marking)  # as start_watchdog / goodput.start do, after setup
+    stamps = []
+    for call in (lambda: model(torch.ones(1, 2)), lambda: fabric.backward(model(torch.ones(1, 2)).sum()), optimizer.step):
+        monkeypatch.setattr(hang, "_last", -1.0)
+        call()
+        stamps.append(hang._last)
+    if marking:
+        assert all(stamp > 0 for stamp in stamps), stamps
     else:
-        assert after_backward == after_step == -1.0
+        assert stamps == [-1.0, -1.0, -1.0]
 
 
 def test_the_watchdog_flag_follows_start_and_stop(monkeypatch: pytest.MonkeyPatch):
@@ -449,12 +448,16 @@ def test_the_watchdog_flag_follows_start_and_stop(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(hang, "watching", False)
     monkeypatch.delenv(hang.HANG_TIMEOUT_VARIABLE, raising=False)
     hang.start_watchdog(0)
-    assert hang.watching is False  # no FABRIC_HANG_TIMEOUT: nothing watches
-    monkeypatch.setattr(hang, "_watchdog", None)
-    monkeypatch.setenv(hang.HANG_TIMEOUT_VARIABLE, "600")
-    try:
-        hang.start_watchdog(0)
-        assert hang.watching is True
-    finally:
-        hang.stop_watchdog()
-    assert hang.watching is False
+    assert hang.watching is False  # one process and no FABRIC_HANG_TIMEOUT: nobody waits for it, nothing watches
+    monkeypatch.setenv(hang.HANG_TIMEOUT_VARIABLE, "0")
+    hang.start_watchdog(0, world_size=2)
+    assert hang.watching is False  # switched off
+    for value, world_size in (("600", 1), ("", 2)):  # a fixed limit; the default for several processes
+        monkeypatch.setattr(hang, "_watchdog", None)
+        monkeypatch.setenv(hang.HANG_TIMEOUT_VARIABLE, value)
+        try:
+            hang.start_watchdog(0, world_size=world_size)
+            assert hang.watching is True
+        finally:
+            hang.stop_watchdog()
+        assert hang.watching is False

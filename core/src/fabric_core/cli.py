@@ -1,5 +1,5 @@
 """The ``fabric`` command line: ``fabric plugins``, ``fabric run``, ``fabric consolidate``, ``fabric env``,
-``fabric ledger``, ``fabric goodput`` (:mod:`fabric_core.cli_goodput`).
+``fabric ledger``, ``fabric goodput`` (:mod:`fabric_core.cli_goodput`), ``fabric chaos`` (:mod:`fabric_core.cli_chaos`).
 
 Built on argparse so the core needs no CLI dependency. Importing this module is cheap (no torch): ``fabric
 --help`` must answer instantly, and ``fabric plugins`` lists every registered name *without* importing the
@@ -304,6 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     plugins.add_argument("--kind", action="append", choices=KINDS, help="only this kind (repeatable)")
     plugins.set_defaults(handler=plugins_main)
 
+    from fabric_core.cli_chaos import add_chaos_parser
     from fabric_core.cli_consolidate import add_consolidate_parser
     from fabric_core.cli_env import add_env_parser
     from fabric_core.cli_ledger import add_ledger_parser
@@ -315,6 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_env_parser(subparsers)
     add_ledger_parser(subparsers)
     add_goodput_parser(subparsers)
+    add_chaos_parser(subparsers)
     return parser
 
 

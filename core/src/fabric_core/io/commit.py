@@ -303,6 +303,17 @@ def _load_sync_file_range() -> Any:
     return fn
 
 
+#: The next checkpoint file written fails with this error after its first write (fabric chaos's "disk_full",
+#: set in the rank that should fail: runtime/chaos.py). Taken by that write, so it fails once.
+fail_next_write: OSError | None = None
+
+
+def _take_injected_failure() -> OSError | None:
+    global fail_next_write
+    failure, fail_next_write = fail_next_write, None
+    return failure
+
+
 class _WritebackFile:
     """Write-through file wrapper that keeps the ``OSError`` of a failed write and, for a save that waits for its
     ``fsync``, starts disk writeback every few MiB while ``torch.save`` serialises (``sync_file_range``).
@@ -315,6 +326,8 @@ class _WritebackFile:
     CHUNK = 8 << 20
 
     def __init__(self, raw: Any, sync_file_range: Any) -> None:
+        self._fail = _take_injected_failure()
+        self._writes = 0
         self._raw = raw
         self._fd = raw.fileno()
         self._sync_file_range = sync_file_range
@@ -323,6 +336,11 @@ class _WritebackFile:
         self.error: OSError | None = None
 
     def write(self, data: Any) -> int:
+        if self._fail is not None:  # an injected failure (fabric chaos): after the first write, half way through
+            self._writes += 1
+            if self._writes > 1:
+                self.error = self._fail
+                raise self._fail
         if self._sync_file_range is None:  # only keep the error (torch would report a generic failure)
             try:
                 return self._raw.write(data)

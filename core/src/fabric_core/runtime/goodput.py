@@ -56,6 +56,7 @@ _clock = time.monotonic
 #: Whether the per-step calls note their times (read by the wrappers on every call: one attribute load when off).
 marking = False
 _ledger: Ledger | None = None
+_injector: Any = None  # fabric chaos's faults for this rank (runtime/chaos.py), when FABRIC_CHAOS names it
 #: ``(name, started, hang_limit)`` of the sections the main thread is in, outermost first (also without a ledger:
 #: the hang detector reads their limits).
 _sections: list[tuple[str, float, float | None]] = []
@@ -100,6 +101,7 @@ class Ledger:
         self.steps = 0  # steps completed in this process
         self.global_step = 0  # the run's step number (set from the checkpoint at a resume)
         self.redo_until = -1  # steps below this number were computed by an earlier attempt already
+        self.step_as: str | None = None  # the category the step that is ending counts as (count_step_as)
         self.resumed_from: int | None = None
         self.recent: deque[float] = deque(maxlen=RECENT_STEPS)
         self.every = chunk_steps(world_size)
@@ -256,9 +258,13 @@ def on_step() -> None:
     if previous is None:  # this process's first step: start-up ends here
         ledger.seconds["startup"] += now - ledger.t0 + (ledger.wall0_ns - ledger.start_ns) / 1e9 - ledger.excluded
         ledger.first_step_ns = ledger.wall_ns(now)
+        ledger.step_as = None  # the first step is start-up whatever it did
     else:
         took = now - previous - ledger.excluded
-        if ledger.global_step < ledger.redo_until:
+        if ledger.step_as is not None:
+            ledger.seconds[ledger.step_as] += took
+            ledger.step_as = None
+        elif ledger.global_step < ledger.redo_until:
             ledger.seconds["redone"] += took
         else:
             ledger.seconds["productive"] += took
@@ -275,6 +281,19 @@ def on_step() -> None:
     ledger.excluded = 0.0
     ledger.global_step += 1
     ledger.steps += 1
+    if _injector is not None:  # fabric chaos (runtime/chaos.py): faults scheduled at this step
+        _injector.at_step(ledger.global_step - 1)
+
+
+def count_step_as(category: str) -> None:
+    """The training step that is ending (before ``optimizer.step()`` returns) counts as ``category``, not as a
+    productive step: fabric-ft calls it with ``"quorum"`` for a step that the quorum dropped or that changed the
+    quorum. No effect without a ledger."""
+    if not isinstance(category, str) or not category or category in ("startup", "productive", "waiting", "restart", "other"):
+        raise ValueError(f"`count_step_as` takes a category such as 'quorum', got {category!r}.")
+    ledger = _ledger
+    if ledger is not None:
+        ledger.step_as = category
 
 
 def post_event(event: Any) -> None:
@@ -326,6 +345,10 @@ def section(name: str, hang_limit: float | None = None) -> Generator[None, None,
             ledger.excluded += took
 
 
+#: The name under which :mod:`fabric_core.utilities` hands :func:`section` to plugins (the plugin SDK).
+goodput_section = section
+
+
 def current_section() -> tuple[str, float, float | None] | None:
     """The outermost section the main thread is in (``(name, started, hang_limit)``), or ``None``."""
     sections = _sections
@@ -352,9 +375,10 @@ def start(
     *,
     write: bool,
     log: Callable[[Mapping[str, float], int], None] | None = None,
+    node_rank: int = 0,
 ) -> Ledger:
     """Keep this process's ledger from now on (once per process; a second call updates who it is)."""
-    global _ledger, marking
+    global _ledger, marking, _injector
     ledger = _ledger
     if ledger is None or ledger.info != info:
         ledger = Ledger(info, rank, world_size, write=write, log=log)
@@ -364,6 +388,9 @@ def start(
         ledger.rank, ledger.world_size, ledger.write = rank, world_size, write and info is not None
         ledger.log = log or ledger.log
     marking = True
+    from fabric_core.runtime import chaos
+
+    _injector = chaos.injector_from_environment(rank, node_rank, info.dir if info is not None else None)
     return ledger
 
 
@@ -395,8 +422,10 @@ __all__ = [
     "EVALUATION",
     "QUORUM",
     "Ledger",
+    "count_step_as",
     "current",
     "current_section",
+    "goodput_section",
     "in_first_step",
     "on_backward",
     "on_forward",

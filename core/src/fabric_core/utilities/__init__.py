@@ -3,7 +3,8 @@
 The names the well-known Fabric exports from its ``utilities`` package are importable from here too, each loaded on
 first access (so ``import fabric_core.utilities.<module>`` stays as cheap as the module itself). ``Throughput``,
 ``ThroughputMonitor`` and ``measure_flops`` are :mod:`fabric_core.runtime.throughput`'s, ``RunInfo``
-:mod:`fabric_core.runtime.run`'s, handed on by name only:
+:mod:`fabric_core.runtime.run`'s, ``goodput_section`` and ``count_step_as`` (what a strategy tells the goodput
+ledger, e.g. fabric-ft's quorum changes) :mod:`fabric_core.runtime.goodput`'s, handed on by name only:
 ``utilities`` is the ground floor and imports nothing above it.
 """
 
@@ -29,9 +30,11 @@ __all__ = [
     "all_gather_object",
     "apply_to_collection",
     "clip_grad_norm",
+    "count_step_as",
     "disable_possible_user_warnings",
     "fabric_log",
     "get_rank",
+    "goodput_section",
     "import_package",
     "lazy_exports",
     "load_callable",
@@ -54,6 +57,8 @@ __getattr__, __dir__ = lazy_exports(
         "RunInfo": "fabric_core.runtime.run",
         "Throughput": "fabric_core.runtime.throughput",
         "ThroughputMonitor": "fabric_core.runtime.throughput",
+        "count_step_as": "fabric_core.runtime.goodput",
+        "goodput_section": "fabric_core.runtime.goodput",
         "measure_flops": "fabric_core.runtime.throughput",
         "apply_to_collection": "fabric_core.utilities.apply",
         "move_data_to_device": "fabric_core.utilities.apply",

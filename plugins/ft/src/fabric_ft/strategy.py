@@ -24,7 +24,7 @@ from torch.optim import Optimizer
 
 from fabric_core.environments import env_int
 from fabric_core.strategies import DATA_REPLICATE, Axis, Binding, SingleDeviceStrategy
-from fabric_core.utilities import fabric_log
+from fabric_core.utilities import count_step_as, fabric_log
 
 if TYPE_CHECKING:
     from fabric_core.accelerators import Accelerator
@@ -281,6 +281,9 @@ class FTDDPStrategy(SingleDeviceStrategy):
         result = super().optimizer_step(optimizer, **kwargs)
         self._quorum_rank = self.manager.participating_rank()
         participants = self.manager.num_participants()
+        if participants != self._participants or getattr(optimizer, "committed", True) is False:
+            # the goodput ledger: a step the quorum dropped, or the one that changed it, is time lost to the quorum
+            count_step_as("quorum")
         if participants != self._participants:
             fabric_log.info(
                 f"fabric-ft: replica group {self.replica_group}: {participants} replica group(s) in the quorum at"
