@@ -31,7 +31,7 @@ from fabric_core.accelerators.base import Accelerator
 from fabric_core.plugins.host import get_registry
 from fabric_core.runtime import failures, goodput, hang, run
 from fabric_core.runtime import ledger as runtime_ledger
-from fabric_core.runtime.hang import counts_as_progress, report_progress, start_watchdog
+from fabric_core.runtime.hang import counts_as_progress, start_watchdog
 from fabric_core.runtime.run import RunInfo
 from fabric_core.strategies.base import Strategy
 from fabric_core.utilities.apply import apply_to_collection, convert_tensors_to_scalars, convert_to_tensors
@@ -675,8 +675,6 @@ class Fabric:
             tensor.backward(*args, **kwargs)
         else:
             tensor.backward()  # the call exactly as a plain loop makes it
-        if goodput.marking:
-            report_progress()
 
     @counts_as_progress
     def forward_backward(

@@ -28,6 +28,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import queue
 import socket
 import threading
 import time
@@ -55,6 +56,9 @@ CHECKPOINT, QUORUM, EVALUATION = "checkpoint", "quorum", "evaluation"
 _clock = time.monotonic
 #: Whether the per-step calls note their times (read by the wrappers on every call: one attribute load when off).
 marking = False
+#: How many per-step calls were made: the hang detector's monitor thread sees progress when it changes (a counter,
+#: not a clock read on every call).
+beats = 0
 _ledger: Ledger | None = None
 _injector: Any = None  # fabric chaos's faults for this rank (runtime/chaos.py), when FABRIC_CHAOS names it
 #: ``(name, started, hang_limit)`` of the sections the main thread is in, outermost first (also without a ledger:
@@ -62,6 +66,9 @@ _injector: Any = None  # fabric chaos's faults for this rank (runtime/chaos.py),
 _sections: list[tuple[str, float, float | None]] = []
 #: What the monitor thread found for the main thread (a named straggler), delivered at the next step.
 events: deque[Any] = deque()
+#: Chunks of step marks ``(ledger, index, marks)`` for the monitor thread, which waits on it between its ticks (a C
+#: queue: a put costs a tenth of an ``Event.set``).
+ready: queue.SimpleQueue[tuple[Any, int, list[tuple[float, float, float]]]] = queue.SimpleQueue()
 _event_handler: Callable[[Any], None] | None = None
 
 
@@ -94,6 +101,8 @@ class Ledger:
         start_ns = info.process_start_ns if info is not None else self.wall0_ns
         self.start_ns = min(start_ns, self.wall0_ns)
         self.seconds: dict[str, float] = defaultdict(float)
+        self.productive = 0.0  # kept apart from `seconds`: added to on every step (an attribute, not a dict entry)
+        self.redone = 0.0
         self.prev_end: float | None = None  # end of the last step (monotonic)
         self.fwd: float | None = None  # first forward since then
         self.bwd: float | None = None  # first backward since then
@@ -103,11 +112,9 @@ class Ledger:
         self.redo_until = -1  # steps below this number were computed by an earlier attempt already
         self.step_as: str | None = None  # the category the step that is ending counts as (count_step_as)
         self.resumed_from: int | None = None
-        self.recent: deque[float] = deque(maxlen=RECENT_STEPS)
+        self.recent: deque[float] = deque(maxlen=RECENT_STEPS)  # filled by the monitor thread from the chunks
         self.every = chunk_steps(world_size)
         self.chunk: list[tuple[float, float, float]] = []
-        #: completed chunks ``(index, [(pre_forward, pre_backward, step), ...])`` for the monitor thread to publish
-        self.ready: deque[tuple[int, list[tuple[float, float, float]]]] = deque()
         self.saves: list[tuple[float, int]] = []  # (seconds blocked, step) of every save
         self.first_step_ns: int | None = None
         #: filled on global rank 0 by the straggler analysis: seconds each rank waited, and who was named
@@ -138,7 +145,7 @@ class Ledger:
             "last_step_ns": self.wall_ns(self.prev_end) if self.prev_end is not None else None,
             "updated_ns": time.time_ns(),
             "ended": self.ended,
-            "seconds": dict(self.seconds),
+            "seconds": {**self.seconds, "productive": self.productive, "redone": self.redone},
             "steps": self.steps,
             "global_step": self.global_step,
             "resumed_from": self.resumed_from,
@@ -229,32 +236,37 @@ def median(values: Any) -> float | None:
 # ------------------------------------------------------------------------------------------------ the hot path
 def on_forward() -> None:
     """A forward of a set-up module began (the first one after a step is a straggler mark); progress."""
-    now = _clock()
-    hang._last = now
+    global beats
+    beats += 1
     ledger = _ledger
     if ledger is not None and ledger.fwd is None:
-        ledger.fwd = now
+        ledger.fwd = _clock()
 
 
 def on_backward() -> None:
     """``fabric.backward`` began (the first one after a step is a straggler mark); progress."""
-    now = _clock()
-    hang._last = now
+    global beats
+    beats += 1
     ledger = _ledger
     if ledger is not None and ledger.bwd is None:
-        ledger.bwd = now
+        ledger.bwd = _clock()
 
 
 def on_step() -> None:
     """``optimizer.step()`` of a set-up optimizer returned: the step is over; progress."""
-    now = _clock()
-    hang._last = now
+    global beats
+    beats += 1
     if events:
         _deliver()
     ledger = _ledger
     if ledger is None:
         return
+    now = _clock()
     previous = ledger.prev_end
+    ledger.prev_end = now
+    step = ledger.global_step
+    ledger.global_step = step + 1
+    ledger.steps += 1
     if previous is None:  # this process's first step: start-up ends here
         ledger.seconds["startup"] += now - ledger.t0 + (ledger.wall0_ns - ledger.start_ns) / 1e9 - ledger.excluded
         ledger.first_step_ns = ledger.wall_ns(now)
@@ -264,25 +276,21 @@ def on_step() -> None:
         if ledger.step_as is not None:
             ledger.seconds[ledger.step_as] += took
             ledger.step_as = None
-        elif ledger.global_step < ledger.redo_until:
-            ledger.seconds["redone"] += took
+        elif step < ledger.redo_until:
+            ledger.redone += took
         else:
-            ledger.seconds["productive"] += took
-        ledger.recent.append(took)
+            ledger.productive += took
         forward, backward = ledger.fwd, ledger.bwd
-        ledger.chunk.append(
-            ((forward if forward is not None else now) - previous, (backward if backward is not None else now) - previous, took)
-        )
-        if (ledger.global_step + 1) % ledger.every == 0:
-            ledger.ready.append((ledger.global_step // ledger.every, ledger.chunk))
+        chunk = ledger.chunk
+        chunk.append(((forward or now) - previous, (backward or now) - previous, took))
+        if (step + 1) % ledger.every == 0:
+            if ready.qsize() < 1024:  # (a monitor thread that stopped must not make it grow without end)
+                ready.put((ledger, step // ledger.every, chunk))  # wakes the monitor thread, which publishes it
             ledger.chunk = []
-    ledger.prev_end = now
     ledger.fwd = ledger.bwd = None
     ledger.excluded = 0.0
-    ledger.global_step += 1
-    ledger.steps += 1
     if _injector is not None:  # fabric chaos (runtime/chaos.py): faults scheduled at this step
-        _injector.at_step(ledger.global_step - 1)
+        _injector.at_step(step)
 
 
 def count_step_as(category: str) -> None:
@@ -330,14 +338,14 @@ def section(name: str, hang_limit: float | None = None) -> Generator[None, None,
     if hang_limit is not None and not (isinstance(hang_limit, (int, float)) and hang_limit > 0):
         raise ValueError(f"`hang_limit` must be a positive number of seconds or None, got {hang_limit!r}.")
     started = _clock()
-    hang._last = started
+    hang.report_progress()
     _sections.append((name, started, None if hang_limit is None else float(hang_limit)))
     try:
         yield
     finally:
         _sections.pop()
         now = _clock()
-        hang._last = now
+        hang.report_progress()
         ledger = _ledger
         if ledger is not None and not _sections:
             took = now - started

@@ -50,6 +50,7 @@ import atexit
 import faulthandler
 import linecache
 import os
+import queue
 import sys
 import threading
 import time
@@ -360,6 +361,7 @@ class _Watchdog(threading.Thread):
 
         self.stragglers = StragglerWatch()
         self.pending_chunks: dict[int, float] = {}
+        self.seen_beats = -1
         self.named_stragglers: list[dict[str, Any]] = []
 
     # -------------------------------------------------------------------------------------------- the loop
@@ -369,22 +371,37 @@ class _Watchdog(threading.Thread):
             if self.detect:
                 # Backstop for a main thread that holds the GIL in native code: then this thread cannot re-arm it.
                 faulthandler.dump_traceback_later(3 * limits.end, exit=True)
-            time.sleep(self.interval)
+            from fabric_core.runtime import goodput
+
+            chunks = []
+            try:
+                chunks.append(goodput.ready.get(timeout=self.interval))  # a chunk of step marks wakes it at once
+                while True:
+                    chunks.append(goodput.ready.get_nowait())
+            except queue.Empty:
+                pass
             if self.stopped:
                 break
             try:
-                self.tick(limits)
+                self.tick(limits, chunks)
             except Exception as err:  # the monitor must never take the run down by itself
                 _write(f"[fabric] the monitor thread of rank {self.rank} failed and stops: {type(err).__name__}: {err}\n")
                 break
         faulthandler.cancel_dump_traceback_later()
         self.peers = None
 
-    def tick(self, limits: Limits) -> None:
+    def tick(self, limits: Limits, chunks: list[tuple[Any, int, list[tuple[float, float, float]]]]) -> None:
         from fabric_core.runtime import goodput
 
         now = _clock()
+        if goodput.beats != self.seen_beats:  # the per-step calls count instead of reading the clock
+            self.seen_beats = goodput.beats
+            report_progress()
         ledger = goodput.current()
+        chunks = [(index, marks) for owner, index, marks in chunks if owner is ledger]
+        if ledger is not None:
+            for _, marks in chunks:
+                ledger.recent.extend(mark[2] for mark in marks)  # the step times the limits are taken from
         if self.peers is None and self.reconnect and self.world_size > 1 and self.job is not None:
             from fabric_core.runtime.peers import Peers
 
@@ -393,15 +410,15 @@ class _Watchdog(threading.Thread):
         peers = self.peers if self.peers is not None and not self.peers.failed else None
         if ledger is not None:
             if peers is not None:
-                while ledger.ready:
-                    index, marks = ledger.ready.popleft()
+                published = bool(chunks)
+                for index, marks in chunks:
                     peers.append_chunk(index, {"rank": self.rank, "host": ledger.host, "step": index * ledger.every, "marks": marks})
                     if self.rank == 0:
                         self.pending_chunks[index] = now
                 if self.rank == 0:
-                    self.read_chunks(peers, ledger, now)
-            else:
-                ledger.ready.clear()
+                    self.read_chunks(peers, ledger, now, wait=0.3 if published else 0.0)
+                elif published:
+                    self.read_stragglers(peers)  # once per chunk: who rank 0 named
             if now >= self.next_flush:
                 self.next_flush = now + FLUSH_S
                 ledger.flush()
@@ -559,20 +576,29 @@ class _Watchdog(threading.Thread):
         os._exit(HANG_EXIT_CODE)
 
     # -------------------------------------------------------------------------------------------- stragglers
-    def read_chunks(self, peers: Any, ledger: Any, now: float) -> None:
+    def read_chunks(self, peers: Any, ledger: Any, now: float, wait: float = 0.0) -> None:
+        """Global rank 0: analyse every chunk all ranks have published (``wait``: give the others that long to
+        publish the chunk rank 0 just did; they finish the same step within milliseconds)."""
+        deadline = time.monotonic() + wait
         for index in sorted(self.pending_chunks):
             entries = peers.read_chunk(index)
+            while entries is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+                entries = peers.read_chunk(index)
             if entries is None:
                 if now - self.pending_chunks[index] > 60.0:  # a rank never published it (it died): forget it
                     peers.drop_chunk(index)
                     del self.pending_chunks[index]
                 continue
             del self.pending_chunks[index]
-            for straggler in self.stragglers.add(entries):
+            for straggler in self.stragglers.add(entries, named_at_step=ledger.global_step):
                 _write(f"[fabric] {straggler.message()}\n")
                 self.named_stragglers.append(straggler.as_dict())
                 ledger.stragglers.append(straggler.as_dict())
                 peers.set("stragglers", self.named_stragglers)
+                from fabric_core.runtime import stragglers
+
+                stragglers.announce([straggler.as_dict()])  # rank 0's own callbacks: at its next step
             ledger.waiting_by_rank.update(self.stragglers.waiting)
 
     def read_stragglers(self, peers: Any) -> None:

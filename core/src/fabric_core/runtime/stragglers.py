@@ -44,6 +44,7 @@ class Straggler:
     slower_share: float  # of the median step time
     since_step: int  # the first step of the first slow chunk
     signal: str  # which time was longer ("before its first forward" / "... backward")
+    named_at_step: int = -1  # the step global rank 0 had reached when it named the rank
 
     def message(self) -> str:
         return (
@@ -71,7 +72,7 @@ class StragglerWatch:
         self.named: set[int] = set()
         self.waiting: dict[int, float] = defaultdict(float)
 
-    def add(self, entries: list[dict[str, Any]]) -> list[Straggler]:
+    def add(self, entries: list[dict[str, Any]], named_at_step: int = -1) -> list[Straggler]:
         """Take one chunk (every rank's entry: ``{"rank", "host", "step", "marks": [[pf, pb, step], ...]}``);
         returns the ranks named by it."""
         by_rank = {int(e["rank"]): e for e in entries if e.get("marks")}
@@ -115,6 +116,7 @@ class StragglerWatch:
                             slower_share=slower / max(_median([s for _, _, s, _ in run]), 1e-9),
                             since_step=run[0][0],
                             signal=SIGNALS[_median([float(s) for *_, s in run]) >= 0.5],
+                            named_at_step=named_at_step,
                         )
                     )
                     self.named.add(rank)

@@ -6,8 +6,8 @@
 MODE: ``launch`` (``fabric.launch()``, 4 processes by default) or ``cli`` (under ``fabric run``). Every rank writes
 ``OUT/rank<R>.json`` at the end: the stragglers its ``on_straggler`` callback received (with the step it was at) and
 its step count. ``--slow``: that rank sleeps SECONDS more per step; ``--stuck``: that rank sleeps for an hour at that
-step (a hang in user code); ``--eval``: after the steps, rank 0 alone works SECONDS in a declared section while the
-others wait in a barrier.
+step (a hang in user code); ``--eval``: at step ``--eval-at`` (default: after the last), rank 0 alone works SECONDS in a
+declared section (no Fabric call in it) while the others wait in a barrier.
 """
 
 from __future__ import annotations
@@ -31,6 +31,17 @@ class Seen:
         self.stragglers.append({**straggler.as_dict(), "seen_at_step": self.step})
 
 
+def evaluate(fabric: Fabric, args: argparse.Namespace) -> None:
+    with fabric.section("evaluation"):
+        if fabric.global_rank == 0:
+            (args.out / "eval_started").write_text(str(time.time()))
+            deadline = time.monotonic() + args.eval
+            while time.monotonic() < deadline:  # rank 0's own work, no Fabric call in it
+                time.sleep(0.5)
+            (args.out / "eval_ended").write_text(str(time.time()))
+    fabric.barrier()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
@@ -39,6 +50,7 @@ def main() -> None:
     parser.add_argument("--slow", default=None)
     parser.add_argument("--stuck", default=None)
     parser.add_argument("--eval", type=float, default=0.0)
+    parser.add_argument("--eval-at", type=int, default=-1)
     parser.add_argument("--devices", type=int, default=4)
     parser.add_argument("--save-every", type=int, default=0)
     args = parser.parse_args()
@@ -56,6 +68,8 @@ def main() -> None:
     data = torch.randn(16, 32)
     for step in range(args.steps):
         seen.step = step
+        if step == args.eval_at:
+            evaluate(fabric, args)
         if fabric.global_rank == slow_rank:
             time.sleep(slow_s)
         if fabric.global_rank == stuck_rank and step == stuck_step:
@@ -67,14 +81,8 @@ def main() -> None:
         optimizer.step()
         if args.save_every and (step + 1) % args.save_every == 0:
             fabric.save(str(args.out / "ckpt" / "last.ckpt"), {"model": model, "optimizer": optimizer})
-    if args.eval:
-        with fabric.section("evaluation"):
-            if fabric.global_rank == 0:
-                (args.out / "eval_started").write_text(str(time.time()))
-                deadline = time.monotonic() + args.eval
-                while time.monotonic() < deadline:  # rank 0's own work, no Fabric call in it
-                    time.sleep(0.5)
-        fabric.barrier()
+    if args.eval and args.eval_at < 0:
+        evaluate(fabric, args)
     seen.step = args.steps
     result = {"rank": fabric.global_rank, "steps": args.steps, "stragglers": seen.stragglers, "run_dir": str(fabric.run_info.dir)}
     (args.out / f"rank{fabric.global_rank}.json").write_text(json.dumps(result))
