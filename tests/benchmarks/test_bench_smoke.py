@@ -28,7 +28,7 @@ from benchmarks.section import RenderContext, discover  # noqa: E402
 
 SECTIONS = {s.name: s for s in discover()}
 #: Sections whose tiny run starts 2-process torch.distributed jobs.
-MULTIPROCESS = {"ddp", "fsdp", "model_parallel", "deepspeed", "fsdp_checkpoint", "ray", "ft", "pipeline", "elastic"}
+MULTIPROCESS = {"ddp", "fsdp", "model_parallel", "deepspeed", "fsdp_checkpoint", "ray", "ft", "pipeline", "elastic", "goodput"}
 
 
 def _positive(stat: dict) -> bool:
