@@ -81,12 +81,17 @@ CHECKPOINT_S = 15 * 60.0
 SECTION_S = 60 * 60.0
 #: The job is ended at this many times the limit at which the rank was named (default limits only).
 END_FACTOR = 2.0
-#: Seconds between a rank's heartbeats, and between rank 0's readings of them.
+#: Seconds between a rank's heartbeats, and between rank 0's readings of them (up to 1,024 ranks; above, this
+#: times N/1,024, so the store sees at most ~512 heartbeats per second: docs/scaling.md).
 HEARTBEAT_S = 2.0
 #: Seconds between writes of the goodput ledger's record.
 FLUSH_S = 2.0
-#: A rank whose heartbeat is this old (at least) is not running.
+#: A rank whose heartbeat is this old (at least; and at least 3 heartbeat intervals) is not running.
 STALE_S = 15.0
+
+
+def heartbeat_interval(world_size: int) -> float:
+    return HEARTBEAT_S * max(1.0, world_size / 1024)
 #: A rank this idle starts to look at what the other ranks say (and describes where it is in its heartbeat).
 IDLE_S = 5.0
 
@@ -349,6 +354,7 @@ class _Watchdog(threading.Thread):
         self.rank, self.world_size, self.fixed, self.detect = rank, world_size, fixed, detect
         self.job, self.restart = job, restart
         self.interval = min(0.5, fixed / 10) if fixed else 0.5
+        self.beat_every = heartbeat_interval(world_size)
         self.named_at: float | None = None  # how long it had made no progress when it named itself (this stall)
         self.own_flag: str | None = None  # the hang flag it published about itself
         self.seen_flag: int | None = None  # the last hang flag this rank printed its stack for
@@ -431,12 +437,12 @@ class _Watchdog(threading.Thread):
                 report_progress()  # a slow first import (torch._dynamo in the first setup) is work, not a hang
                 return
         if peers is not None and now >= self.next_beat:
-            self.next_beat = now + HEARTBEAT_S
+            self.next_beat = now + self.beat_every
             self.beat(peers, idle, limits, frame)
             if self.rank == 0 and self.detect:
                 self.judge(peers)
             if now >= self.next_read:
-                self.next_read = now + HEARTBEAT_S
+                self.next_read = now + self.beat_every
                 self.read_stragglers(peers)
         if not self.detect:
             return
@@ -460,7 +466,7 @@ class _Watchdog(threading.Thread):
             beat = peers.get("hb/0")
             if beat is not None:
                 age = time.time() - beat["t"]
-                if age > max(STALE_S, 0.5 * beat.get("name", STALE_S)):
+                if age > max(STALE_S, 3 * self.beat_every, 0.5 * beat.get("name", STALE_S)):
                     message = f"No heartbeat from rank 0 for {age:.0f} s: its process is stopped (SIGSTOP), frozen in native code, or gone."
                     return {"id": "rank0-stale", "culprits": [0], "message": message, "waiting_ends": True}
         return None
@@ -516,7 +522,7 @@ class _Watchdog(threading.Thread):
         if not beats:
             return
         now = time.time()
-        stale_after = lambda b: max(STALE_S, 0.5 * b.get("name", STALE_S))  # noqa: E731
+        stale_after = lambda b: max(STALE_S, 3 * self.beat_every, 0.5 * b.get("name", STALE_S))  # noqa: E731
         culprits: list[int] = []
         message = ""
         stale = [r for r, b in enumerate(beats) if b and now - b["t"] > stale_after(b)]
