@@ -6,8 +6,6 @@ from __future__ import annotations
 import errno
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -45,7 +43,7 @@ def _train(fabric: Fabric, steps: int, start: int = 0, folder: Path | None = Non
     return model, optimizer, state
 
 
-def test_one_process_ledger_record_summary_and_command(tmp_path, monkeypatch):
+def test_one_process_ledger_record_summary_and_command(tmp_path, capsys):
     folder = tmp_path / "run"
     fabric = Fabric(accelerator="cpu", run_dir=folder)
     model, optimizer, state = _train(fabric, 6, folder=tmp_path / "ckpts", save_every=3)
@@ -68,13 +66,15 @@ def test_one_process_ledger_record_summary_and_command(tmp_path, monkeypatch):
     assert summary["saves"] == 2 and summary["checkpoint_interval"]["current_interval_steps"] == 3
     assert "no failure in this run" in summary["checkpoint_interval"]["note"]
 
-    command = [sys.executable, "-m", "fabric_core", "goodput", str(folder), "--mtbf", "3600", "--png", str(tmp_path / "g.png")]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert "productive" in done.stdout and "checkpoint interval (Young/Daly)" in done.stdout and "MTBF 3600 s (given)" in done.stdout
+    from fabric_core.cli import main  # the `fabric` command, in this process
+
+    assert main(["goodput", str(folder), "--mtbf", "3600", "--png", str(tmp_path / "g.png")]) == 0
+    printed = capsys.readouterr().out
+    assert "productive" in printed and "checkpoint interval (Young/Daly)" in printed and "MTBF 3600 s (given)" in printed
     assert (tmp_path / "g.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    missing = subprocess.run([sys.executable, "-m", "fabric_core", "goodput", str(tmp_path)], capture_output=True, text=True, timeout=120)
-    assert missing.returncode == 1 and "has no goodput/ folder" in missing.stderr
+    assert main(["goodput", str(tmp_path)]) == 1
+    assert "has no goodput/ folder" in capsys.readouterr().err
+    assert main(["goodput", str(folder), "--mtbf", "-1"]) == 1 and "--mtbf must be a positive" in capsys.readouterr().err
 
 
 def test_a_resumed_attempt_counts_restart_and_redone_steps(tmp_path, monkeypatch):
@@ -207,3 +207,17 @@ def test_an_injected_full_disk_fails_the_save_and_keeps_the_previous_checkpoint(
     assert target.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
     fabric.save(target, {"model": model})  # the next save works
     assert target.read_bytes() != before
+
+
+def test_the_shares_go_to_the_loggers_at_teardown(tmp_path):
+    fabric = Fabric(accelerator="cpu", loggers={"csv": {"root_dir": str(tmp_path), "name": "csv"}})
+    _train(fabric, 4)
+    fabric.log("loss", 1.0, step=0)
+    assert fabric.run_info.dir == tmp_path / "runs" / fabric.run_info.id  # beside the loggers' output
+    fabric.teardown()
+    rows = (tmp_path / "csv" / "version_0" / "metrics.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    assert "goodput/goodput" in header and "goodput/productive_share" in header and "goodput/startup_share" in header
+    values = dict(zip(header, rows[-1].split(",")))
+    assert 0 < float(values["goodput/productive_share"]) < 1
+    assert (fabric.run_info.dir / "goodput" / "attempt-000" / "rank-00000.json").exists()
