@@ -221,3 +221,13 @@ def test_the_shares_go_to_the_loggers_at_teardown(tmp_path):
     values = dict(zip(header, rows[-1].split(",")))
     assert 0 < float(values["goodput/productive_share"]) < 1
     assert (fabric.run_info.dir / "goodput" / "attempt-000" / "rank-00000.json").exists()
+
+
+def test_compiling_is_work_but_waiting_in_a_collective_is_not():
+    """A recompilation after the first step can take minutes: the hang detector counts it as progress, as an import;
+    a collective reached from inside compiled code is waiting, not compiling."""
+    namespace: dict = {}
+    exec(compile("import sys\ndef inner():\n    return sys._getframe()\n", "/x/torch/distributed/distributed_c10d.py", "exec"), namespace)
+    exec(compile("import sys\nframe = sys._getframe()\nwaiting = inner()\n", "/x/torch/_dynamo/convert_frame.py", "exec"), namespace)
+    assert hang._importing(namespace["frame"])
+    assert not hang._importing(namespace["waiting"])

@@ -263,9 +263,19 @@ def stop_watchdog() -> None:
             watchdog.join(timeout=2.0)  # its store client must be gone before the process group is destroyed
 
 
+#: Files whose frames on the main thread's stack mean "compiling" (a recompilation after the first step can take
+#: minutes; it is not a hang); running a compiled graph is not in them.
+_WORKING_IN = ("torch/_dynamo/convert_frame.py", "torch/_dynamo/symbolic_convert.py", "torch/_inductor/compile_fx.py")
+
+
 def _importing(frame: FrameType | None) -> bool:
+    """Whether the main thread is importing or compiling (work, however long it takes), and not waiting for the
+    other ranks in a collective (its innermost frame)."""
+    if frame is not None and any(marker in frame.f_code.co_filename.replace(os.sep, "/") for marker in _WAITING_IN):
+        return False
     while frame is not None:
-        if frame.f_code.co_filename.startswith("<frozen importlib"):
+        filename = frame.f_code.co_filename
+        if filename.startswith("<frozen importlib") or any(marker in filename.replace(os.sep, "/") for marker in _WORKING_IN):
             return True
         frame = frame.f_back
     return False
