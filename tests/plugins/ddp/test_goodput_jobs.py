@@ -16,7 +16,7 @@ from jobs import fabric_command, free_port, job_env, run_job
 
 from fabric_core.runtime import goodput_report, hang
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.skipif(sys.platform != "linux", reason="uses /proc")]
+pytestmark = [pytest.mark.skipif(sys.platform != "linux", reason="uses /proc")]
 
 JOB = Path(__file__).parent / "scripts" / "goodput_job.py"
 CHAOS_TRAIN = Path(__file__).resolve().parents[3] / "examples" / "chaos" / "train.py"
@@ -36,8 +36,10 @@ def _job(tmp_path: Path, mode: str, *args: str, devices: int = 4, timeout: float
     return code, job.output()
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("mode", ["launch", "cli"])
 def test_a_slow_rank_is_named_within_20_steps(tmp_path: Path, mode: str):
+    # multiprocess-check: starts ranks (4 DDP ranks through _job: fabric.launch() or fabric run --devices 4)
     code, output = _job(tmp_path, mode, "30", "--slow", "2:0.2")
     assert code == 0, output[-4000:]
     seen = [json.loads((tmp_path / "out" / f"rank{r}.json").read_text()) for r in range(4)]
@@ -52,6 +54,7 @@ def test_a_slow_rank_is_named_within_20_steps(tmp_path: Path, mode: str):
     assert "made no progress" not in output
 
 
+@pytest.mark.multiprocess
 def test_default_limits_name_a_stuck_rank_not_a_long_evaluation(tmp_path: Path):
     """No FABRIC_HANG_TIMEOUT: a 70 s evaluation on rank 0 (in a section) passes unflagged while rank 1 waits in a
     barrier beyond the 60 s step limit; then rank 1 gets stuck in user code: it is named with its line and both
@@ -71,6 +74,7 @@ def test_default_limits_name_a_stuck_rank_not_a_long_evaluation(tmp_path: Path):
     assert "The job is ended if it makes none for 120 s" in output
 
 
+@pytest.mark.multiprocess
 def test_chaos_kill_hang_and_slow_end_with_the_uninterrupted_weights(tmp_path: Path):
     """The issue's done-when: 4 ranks, kill + hang + slow (hang limit 10 s) under fabric run --max-restarts and disk
     checkpoints: finished, weights bit for bit, nothing left, the ledger's "other" <= 1 %."""
