@@ -338,7 +338,7 @@ class Fabric:
             with fabric.section("evaluation"):
                 if fabric.is_global_zero:
                     evaluate(model)        # minutes of work on rank 0 alone
-            fabric.barrier()
+                fabric.barrier()           # inside: the other ranks' wait counts as evaluation too
 
         The ranks that wait meanwhile (in the barrier) are not flagged: they wait in a collective, and rank 0 is
         within its section's limit. Nested sections count as the outermost."""

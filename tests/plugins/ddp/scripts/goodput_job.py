@@ -7,7 +7,7 @@ MODE: ``launch`` (``fabric.launch()``, 4 processes by default) or ``cli`` (under
 ``OUT/rank<R>.json`` at the end: the stragglers its ``on_straggler`` callback received (with the step it was at) and
 its step count. ``--slow``: that rank sleeps SECONDS more per step; ``--stuck``: that rank sleeps for an hour at that
 step (a hang in user code); ``--eval``: at step ``--eval-at`` (default: after the last), rank 0 alone works SECONDS in a
-declared section (no Fabric call in it) while the others wait in a barrier.
+declared section (no Fabric call in it; its hang limit ``--eval-limit``) while the others wait in a barrier.
 """
 
 from __future__ import annotations
@@ -32,14 +32,14 @@ class Seen:
 
 
 def evaluate(fabric: Fabric, args: argparse.Namespace) -> None:
-    with fabric.section("evaluation"):
+    with fabric.section("evaluation", hang_limit=args.eval_limit):
         if fabric.global_rank == 0:
             (args.out / "eval_started").write_text(str(time.time()))
             deadline = time.monotonic() + args.eval
             while time.monotonic() < deadline:  # rank 0's own work, no Fabric call in it
                 time.sleep(0.5)
             (args.out / "eval_ended").write_text(str(time.time()))
-    fabric.barrier()
+        fabric.barrier()  # inside: the others' wait counts as evaluation too
 
 
 def main() -> None:
@@ -51,6 +51,7 @@ def main() -> None:
     parser.add_argument("--stuck", default=None)
     parser.add_argument("--eval", type=float, default=0.0)
     parser.add_argument("--eval-at", type=int, default=-1)
+    parser.add_argument("--eval-limit", type=float, default=None)
     parser.add_argument("--devices", type=int, default=4)
     parser.add_argument("--save-every", type=int, default=0)
     args = parser.parse_args()
