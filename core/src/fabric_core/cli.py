@@ -307,8 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
     from fabric_core.cli_chaos import add_chaos_parser
     from fabric_core.cli_consolidate import add_consolidate_parser
     from fabric_core.cli_env import add_env_parser
-    from fabric_core.cli_ledger import add_ledger_parser
     from fabric_core.cli_goodput import add_goodput_parser
+    from fabric_core.cli_ledger import add_ledger_parser
     from fabric_core.cli_run import add_run_parser
 
     add_run_parser(subparsers)
