@@ -209,18 +209,32 @@ def test_an_injected_full_disk_fails_the_save_and_keeps_the_previous_checkpoint(
     assert target.read_bytes() != before
 
 
-def test_the_shares_go_to_the_loggers_at_teardown(tmp_path):
+def test_the_shares_go_to_the_loggers(tmp_path, monkeypatch):
+    # Not by default: a script's loggers hold what it logged. Records are kept beside the loggers' output.
+    fabric = Fabric(accelerator="cpu", loggers={"csv": {"root_dir": str(tmp_path / "plain"), "name": "csv"}})
+    _train(fabric, 2)
+    fabric.log("loss", 1.0, step=0)
+    assert fabric.run_info.dir == tmp_path / "plain" / "runs" / fabric.run_info.id and not fabric.run_info.chosen
+    fabric.teardown()
+    assert "goodput" not in (tmp_path / "plain" / "csv" / "version_0" / "metrics.csv").read_text()
+    assert (fabric.run_info.dir / "goodput" / "attempt-000" / "rank-00000.json").exists()
+    goodput.stop()
+
+    # Asked for (`fabric.log_goodput()`), or by choosing the run folder: at teardown.
+    monkeypatch.setenv(run.RUN_ID_VARIABLE, "chosen")
     fabric = Fabric(accelerator="cpu", loggers={"csv": {"root_dir": str(tmp_path), "name": "csv"}})
     _train(fabric, 4)
     fabric.log("loss", 1.0, step=0)
-    assert fabric.run_info.dir == tmp_path / "runs" / fabric.run_info.id  # beside the loggers' output
+    assert fabric.run_info.dir == tmp_path / "runs" / "chosen" and fabric.run_info.chosen
+    asked = fabric.log_goodput(step=1)
+    assert set(asked) >= {"goodput/goodput", "goodput/startup_share"} and 0 < asked["goodput/productive_share"] < 1
     fabric.teardown()
     rows = (tmp_path / "csv" / "version_0" / "metrics.csv").read_text().splitlines()
     header = rows[0].split(",")
     assert "goodput/goodput" in header and "goodput/productive_share" in header and "goodput/startup_share" in header
+    assert len(rows) == 4  # the header, the loss, the shares asked for, the shares at teardown
     values = dict(zip(header, rows[-1].split(",")))
-    assert 0 < float(values["goodput/productive_share"]) < 1
-    assert (fabric.run_info.dir / "goodput" / "attempt-000" / "rank-00000.json").exists()
+    assert 0 < float(values["goodput/productive_share"]) < 1 and values["step"] == "4"
 
 
 def test_compiling_is_work_but_waiting_in_a_collective_is_not():

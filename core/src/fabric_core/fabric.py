@@ -178,7 +178,7 @@ class Fabric:
             self.run = partial(self._wrap_and_launch, self.run)  # type: ignore[method-assign]
 
         self._monitoring = False
-        self._goodput_logged_at_exit = False
+        self._goodput_logged_at_end = False
         self._goodput_at_exit = False
         if connector.launched_by_cli():
             self._strategy.setup_environment()
@@ -357,19 +357,32 @@ class Fabric:
                     err.add_note(f"Finalizing a logger failed as well: {type(logger_error).__name__}: {logger_error}")
             raise
 
-    def _log_goodput(self) -> None:
-        """Global rank 0: the run's goodput shares so far, as ``goodput/...`` metrics (at teardown, or at exit before
-        the loggers close). Never raises."""
+    def log_goodput(self, step: int | None = None) -> dict[str, float]:
+        """Log the run's goodput shares so far (every attempt, all ranks' records) to the loggers, from global rank 0:
+        ``goodput/<category>_share`` and ``goodput/goodput``; returns them (``{}`` on the other ranks, or when the run
+        keeps no goodput records). ``step``: default the run's step count. Done by itself at ``teardown()`` and at
+        exit when the run folder was chosen (``run_dir=``, ``FABRIC_RUN_DIR``, ``FABRIC_RUN_ID``)."""
         ledger = goodput.current()
-        if self._goodput_logged_at_exit or not self._loggers or not self.is_global_zero or ledger is None or not ledger.write:
-            return
-        self._goodput_logged_at_exit = True
-        try:
-            from fabric_core.runtime import goodput_report
+        if not self.is_global_zero or ledger is None or not ledger.write or ledger.info is None:
+            return {}
+        from fabric_core.runtime import goodput_report
 
-            ledger.flush()
-            summary = goodput_report.summarize(ledger.info.dir)  # type: ignore[union-attr]
-            self.log_dict(goodput_report.metrics(summary), step=ledger.global_step)
+        ledger.flush()
+        try:
+            values = goodput_report.metrics(goodput_report.summarize(ledger.info.dir))
+        except goodput_report.GoodputReportError:
+            return {}
+        self.log_dict(values, step=ledger.global_step if step is None else step)
+        return values
+
+    def _log_goodput_at_end(self) -> None:
+        """At teardown or exit, once, when the user chose the run folder (opting into goodput): the shares go to the
+        loggers. Not by default: a script's loggers hold what it logged, as the reference's do. Never raises."""
+        if self._goodput_logged_at_end or not self._loggers or not self._monitoring or not self.run_info.chosen:
+            return
+        self._goodput_logged_at_end = True
+        try:
+            self.log_goodput()
         except Exception:
             pass
 
@@ -392,7 +405,10 @@ class Fabric:
         a script: the process group is released at interpreter exit anyway. Calling it twice is harmless;
         collectives after it raise.
         """
-        self._log_goodput()
+        self._log_goodput_at_end()
+        ledger = goodput.current()
+        if ledger is not None:
+            ledger.flush()  # the goodput record as of the end of the run
         errors = self._finalize_loggers("success")
         if self._tiers is not None:
             self._tiers.close(finished=False)
@@ -1044,14 +1060,14 @@ class Fabric:
         """Send metrics to every logger; tensors become Python scalars first."""
         if not self._loggers:
             return
-        if not self._goodput_at_exit:  # registered after the loggers' own finalizers, so it runs before them
-            self._goodput_at_exit = True
-            import atexit
-
-            atexit.register(self._log_goodput)
         metrics = convert_tensors_to_scalars(metrics)
         for logger in self._loggers:
             logger.log_metrics(metrics=metrics, step=step)
+        if not self._goodput_at_exit:  # registered after the loggers opened (and registered their finalizers): runs first
+            self._goodput_at_exit = True
+            import atexit
+
+            atexit.register(self._log_goodput_at_end)
 
     @staticmethod
     def seed_everything(seed: int | None = None, workers: bool | None = None, verbose: bool = True) -> int:
