@@ -309,7 +309,12 @@ class Fabric:
         info = self.run_info
         write = info.chosen or bool(self._loggers)
         if write or self.world_size > 1 or hang.hang_timeout() is not None:
-            goodput.start(info, self.global_rank, self.world_size, write=write, node_rank=self.node_rank)
+            from fabric_core.runtime import chaos, goodput_report
+
+            injector = chaos.injector_from_environment(self.global_rank, self.node_rank, info.dir)  # FABRIC_CHAOS
+            goodput.start(
+                info, self.global_rank, self.world_size, write=write, injector=injector, at_end=goodput_report.write_summary_at_end
+            )
             goodput.set_event_handler(self._on_run_event)
         start_watchdog(self.global_rank, _library_packages, world_size=self.world_size, job=info.job, restart=info.restart)
 

@@ -6,9 +6,9 @@ Every rank attributes its time, from the moment its process started, to one cate
   one-off costs);
 * ``productive``: training steps, from one ``optimizer.step()`` to the next, computed for the first time;
 * ``redone``: steps computed again after a resume (their number is at most the highest step an earlier attempt
-  reached; the checkpoint's step is known from the save record, :func:`on_save`);
+  reached; the checkpoint's step is known from the save record, :meth:`Ledger.record_save`);
 * ``checkpoint``: blocking inside ``fabric.save``/``fabric.load``/``latest_checkpoint``;
-* ``quorum``: fault-tolerant quorum changes (fabric-ft calls :func:`section` with ``"quorum"``);
+* ``quorum``: fault-tolerant quorum changes (fabric-ft calls :func:`count_step_as` with ``"quorum"``);
 * any section the user declares (``with fabric.section("evaluation"):``), under its own name;
 * ``waiting`` (for slower ranks) is a share of the step time that rank 0 estimates from the step marks every rank
   publishes (:mod:`fabric_core.runtime.stragglers`), and ``restart`` and ``other`` are what the report
@@ -16,8 +16,8 @@ Every rank attributes its time, from the moment its process started, to one cate
 
 The hot path is three calls, made only while :data:`marking` (the wrappers read it): :func:`on_forward` and
 :func:`on_backward` note the first forward and backward after a step (the straggler signals: a rank's time before
-its first collective), :func:`on_step` closes the step. Each also counts as progress for the hang detector. The
-per-rank record is written by the monitor thread (:mod:`fabric_core.runtime.hang`) every few seconds into
+its first collective), :func:`on_step` closes the step (every few steps it hands a chunk of marks to the monitor
+thread through :data:`ready`). Each counts a beat of progress for the hang detector. The per-rank record is written by the monitor thread (:mod:`fabric_core.runtime.hang`) every few seconds into
 ``<run folder>/goodput/attempt-AAA/rank-RRRRR.json`` (atomic replace), and once more when the process ends.
 
 Only the standard library is imported here.
@@ -33,12 +33,11 @@ import socket
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from fabric_core.runtime import hang
 from fabric_core.runtime.run import RunInfo
 
 #: The categories of the report, in its order (user sections come after ``quorum``).
@@ -59,6 +58,8 @@ marking = False
 #: How many per-step calls were made: the hang detector's monitor thread sees progress when it changes (a counter,
 #: not a clock read on every call).
 beats = 0
+#: Whether the hang detector watches this process (it sets this): the marks stay on without a ledger then.
+watched = False
 _ledger: Ledger | None = None
 _injector: Any = None  # fabric chaos's faults for this rank (runtime/chaos.py), when FABRIC_CHAOS names it
 #: ``(name, started, hang_limit)`` of the sections the main thread is in, outermost first (also without a ledger:
@@ -87,13 +88,11 @@ class Ledger:
         world_size: int,
         *,
         write: bool,
-        log: Callable[[Mapping[str, float], int], None] | None = None,
     ) -> None:
         self.info = info
         self.rank = rank
         self.world_size = world_size
         self.write = write and info is not None
-        self.log = log
         self.host = socket.gethostname()
         # Monotonic and wall clock taken together: durations are monotonic, records carry wall times.
         self.t0 = _clock()
@@ -121,6 +120,7 @@ class Ledger:
         self.waiting_by_rank: dict[int, float] = defaultdict(float)
         self.stragglers: list[dict[str, Any]] = []
         self.ended = False
+        self.at_end: Callable[[Ledger], None] | None = None
         self._lock = threading.Lock()  # one writer of the record at a time (the monitor thread, exit)
 
     # -------------------------------------------------------------------------------------------- record
@@ -337,15 +337,16 @@ def section(name: str, hang_limit: float | None = None) -> Generator[None, None,
         )
     if hang_limit is not None and not (isinstance(hang_limit, (int, float)) and hang_limit > 0):
         raise ValueError(f"`hang_limit` must be a positive number of seconds or None, got {hang_limit!r}.")
+    global beats
     started = _clock()
-    hang.report_progress()
+    beats += 1  # entering or leaving a section is progress
     _sections.append((name, started, None if hang_limit is None else float(hang_limit)))
     try:
         yield
     finally:
         _sections.pop()
         now = _clock()
-        hang.report_progress()
+        beats += 1
         ledger = _ledger
         if ledger is not None and not _sections:
             took = now - started
@@ -382,23 +383,24 @@ def start(
     world_size: int,
     *,
     write: bool,
-    log: Callable[[Mapping[str, float], int], None] | None = None,
-    node_rank: int = 0,
+    injector: Any = None,
+    at_end: Callable[[Ledger], None] | None = None,
 ) -> Ledger:
-    """Keep this process's ledger from now on (once per process; a second call updates who it is)."""
+    """Keep this process's ledger from now on (once per process; a second call updates who it is).
+
+    ``injector``: fabric chaos's faults for this rank (:mod:`fabric_core.runtime.chaos`), fired at step ends;
+    ``at_end``: what global rank 0 does with the ledger when its process ends (the report's summary)."""
     global _ledger, marking, _injector
     ledger = _ledger
     if ledger is None or ledger.info != info:
-        ledger = Ledger(info, rank, world_size, write=write, log=log)
+        ledger = Ledger(info, rank, world_size, write=write)
         _ledger = ledger
         atexit.register(_at_exit, ledger)
     else:
         ledger.rank, ledger.world_size, ledger.write = rank, world_size, write and info is not None
-        ledger.log = log or ledger.log
     marking = True
-    from fabric_core.runtime import chaos
-
-    _injector = chaos.injector_from_environment(rank, node_rank, info.dir if info is not None else None)
+    _injector = injector
+    ledger.at_end = at_end
     return ledger
 
 
@@ -410,7 +412,7 @@ def stop() -> None:
     """No more ledger in this process (tests, a process that starts another run)."""
     global _ledger, marking
     _ledger = None
-    marking = hang.watching
+    marking = watched
 
 
 def _at_exit(ledger: Ledger) -> None:
@@ -418,10 +420,8 @@ def _at_exit(ledger: Ledger) -> None:
         return
     ledger.ended = True
     ledger.flush()
-    if ledger.rank == 0 and ledger.write and ledger.info is not None:
-        from fabric_core.runtime import goodput_report
-
-        goodput_report.write_summary_at_end(ledger)
+    if ledger.rank == 0 and ledger.write and ledger.info is not None and ledger.at_end is not None:
+        ledger.at_end(ledger)
 
 
 __all__ = [

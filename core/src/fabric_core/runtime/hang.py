@@ -60,7 +60,8 @@ from functools import wraps
 from types import FrameType
 from typing import Any, NamedTuple, TypeVar
 
-from fabric_core.runtime import failures
+from fabric_core.runtime import failures, goodput, stragglers
+from fabric_core.runtime.peers import Peers
 
 HANG_TIMEOUT_VARIABLE = "FABRIC_HANG_TIMEOUT"
 #: The exit code of a rank ended for making no progress (``timeout(1)``'s).
@@ -195,8 +196,6 @@ class Limits(NamedTuple):
 
 def current_limits(fixed: float | None = None) -> Limits:
     """The limits for what the main thread is doing now (see the module's docstring)."""
-    from fabric_core.runtime import goodput
-
     section = goodput.current_section()
     if section is not None and section[2] is not None:
         limit = section[2]
@@ -233,14 +232,12 @@ def start_watchdog(
     global _watchdog, watching
     fixed = hang_timeout()
     detect = not detection_off() and (fixed is not None or world_size > 1)
-    from fabric_core.runtime import goodput
-
     if not detect and goodput.current() is None and world_size < 2:
         return  # nothing to watch, write or publish
     if detect and library_packages is not None:
         add_library_packages(library_packages())
     report_progress()
-    watching = detect
+    watching = goodput.watched = detect
     if detect:
         goodput.marking = True
     if _watchdog is not None and _watchdog.is_alive() and not _watchdog.stopped:
@@ -254,7 +251,7 @@ def start_watchdog(
 def stop_watchdog() -> None:
     """The job is ending (a launcher is stopping the ranks, or the script is done): no more hang reports."""
     global watching
-    watching = False
+    watching = goodput.watched = False
     watchdog = _watchdog
     if watchdog is not None:
         watchdog.stopped = True
@@ -373,9 +370,7 @@ class _Watchdog(threading.Thread):
         self.verdict_id = 0
         self.flagged: tuple[int, ...] = ()
         self.reconnect = True
-        from fabric_core.runtime.stragglers import StragglerWatch
-
-        self.stragglers = StragglerWatch()
+        self.watch = stragglers.StragglerWatch()
         self.pending_chunks: dict[int, float] = {}
         self.seen_beats = -1
         self.named_stragglers: list[dict[str, Any]] = []
@@ -387,8 +382,6 @@ class _Watchdog(threading.Thread):
             if self.detect:
                 # Backstop for a main thread that holds the GIL in native code: then this thread cannot re-arm it.
                 faulthandler.dump_traceback_later(3 * limits.end, exit=True)
-            from fabric_core.runtime import goodput
-
             chunks = []
             try:
                 chunks.append(goodput.ready.get(timeout=self.interval))  # a chunk of step marks wakes it at once
@@ -407,8 +400,6 @@ class _Watchdog(threading.Thread):
         self.peers = None
 
     def tick(self, limits: Limits, chunks: list[tuple[Any, int, list[tuple[float, float, float]]]]) -> None:
-        from fabric_core.runtime import goodput
-
         now = _clock()
         if goodput.beats != self.seen_beats:  # the per-step calls count instead of reading the clock
             self.seen_beats = goodput.beats
@@ -419,8 +410,6 @@ class _Watchdog(threading.Thread):
             for _, marks in chunks:
                 ledger.recent.extend(mark[2] for mark in marks)  # the step times the limits are taken from
         if self.peers is None and self.reconnect and self.world_size > 1 and self.job is not None:
-            from fabric_core.runtime.peers import Peers
-
             self.reconnect = False
             self.peers = Peers.connect(self.job, self.restart, self.rank, self.world_size)
         peers = self.peers if self.peers is not None and not self.peers.failed else None
@@ -514,8 +503,6 @@ class _Watchdog(threading.Thread):
             self.fire(f"Rank {self.rank} waited {idle:.0f} s in {found.short}. {flag.get('message')}", found.stack)
 
     def beat(self, peers: Any, idle: float, limits: Limits, frame: FrameType | None) -> None:
-        from fabric_core.runtime import goodput
-
         beat: dict[str, Any] = {"t": time.time(), "idle": idle, "name": limits.name, "end": limits.end}
         if frame is not None:
             found = where(frame)
@@ -581,8 +568,6 @@ class _Watchdog(threading.Thread):
         stack = f"Stack of the main thread (most recent call last):\n{stack}{headline}\n"
         record = failures.RecordedError(headline, stack, time.time_ns())
         _write(f"[fabric] {message}\n")
-        from fabric_core.runtime import goodput
-
         ledger = goodput.current()
         if ledger is not None:
             ledger.flush()
@@ -607,19 +592,15 @@ class _Watchdog(threading.Thread):
                     del self.pending_chunks[index]
                 continue
             del self.pending_chunks[index]
-            for straggler in self.stragglers.add(entries, named_at_step=ledger.global_step):
+            for straggler in self.watch.add(entries, named_at_step=ledger.global_step):
                 _write(f"[fabric] {straggler.message()}\n")
                 self.named_stragglers.append(straggler.as_dict())
                 ledger.stragglers.append(straggler.as_dict())
                 peers.set("stragglers", self.named_stragglers)
-                from fabric_core.runtime import stragglers
-
                 stragglers.announce([straggler.as_dict()])  # rank 0's own callbacks: at its next step
-            ledger.waiting_by_rank.update(self.stragglers.waiting)
+            ledger.waiting_by_rank.update(self.watch.waiting)
 
     def read_stragglers(self, peers: Any) -> None:
-        from fabric_core.runtime import stragglers
-
         named = peers.get("stragglers")
         if named:
             stragglers.announce(named)

@@ -25,6 +25,8 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from fabric_core.runtime import goodput
+
 #: A rank must exceed the median rank by at least this many seconds per step ...
 MIN_EXCESS_S = 0.02
 #: ... and by this share of the median step time ...
@@ -134,8 +136,6 @@ _announced: set[tuple[int, int]] = set()
 def announce(named: list[dict[str, Any]]) -> None:
     """Rank 0 named these (read from the store by every rank's monitor thread): hand the new ones to the main thread,
     which gives them to the ``on_straggler`` callbacks at its next step."""
-    from fabric_core.runtime import goodput
-
     for entry in named:
         try:
             straggler = Straggler(**entry)
