@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any
 from fabric_core.io.coordination import Coordinator
 from fabric_core.io.errors import checkpoint_path_error
 from fabric_core.io.location import CheckpointLocation
-from fabric_core.io.registered import RegisteredFormat
 from fabric_core.io.state import Filter, restore_state, state_to_save
 
 if TYPE_CHECKING:
@@ -44,7 +43,7 @@ if TYPE_CHECKING:
     from fabric_core.io.background import CheckpointHandle
     from fabric_core.utilities.topology import Topology
 
-__all__ = ["CheckpointFormat", "FormatContext", "RegisteredFormat", "format_for_loading"]
+__all__ = ["CheckpointFormat", "FormatContext", "format_for_loading"]
 
 
 @dataclass(frozen=True)
@@ -237,13 +236,13 @@ def expected_checkpoints(formats: Sequence[CheckpointFormat]) -> str:
 
 
 def format_for_loading(
-    location: CheckpointLocation, formats: Sequence[CheckpointFormat], registered: Sequence[RegisteredFormat] = ()
+    location: CheckpointLocation, formats: Sequence[CheckpointFormat], registered: Sequence[Any] = ()
 ) -> tuple[CheckpointFormat, bool]:
     """The format to load ``location`` with, and whether it is one the strategy does not own (then it is read whole
     and restored through the strategy's adapters: :meth:`CheckpointFormat.load_whole`).
 
     In this order: the first of ``formats`` (a strategy's own, in its order) but the last that recognises it; the
-    first ``registered`` format that does, other than a kind the strategy has its own instance of (its own is built
+    first ``registered`` format (:class:`~fabric_core.io.registered.RegisteredFormat`) that does, other than a kind the strategy has its own instance of (its own is built
     with its ``CheckpointIO``, its owner lookups); the last of ``formats`` (the single file, which takes any file,
     and whose read says what is wrong with it). A folder none of them recognises is loaded by a format that may read
     it (:meth:`CheckpointFormat.may_read_folder`: a user's ``CheckpointIO``), else a ``ValueError`` says none does. A

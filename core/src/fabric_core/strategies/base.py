@@ -36,8 +36,9 @@ if TYPE_CHECKING:
     from fabric_core.io.background import CheckpointHandle
     from fabric_core.io.checkpoint_io import CheckpointIO
     from fabric_core.io.coordination import Coordinator
-    from fabric_core.io.format import CheckpointFormat, FormatContext, RegisteredFormat
+    from fabric_core.io.format import CheckpointFormat, FormatContext
     from fabric_core.io.location import CheckpointLocation
+    from fabric_core.io.registered import RegisteredFormat
     from fabric_core.io.snapshot import SnapshotBuffers
     from fabric_core.io.state import Filter
     from fabric_core.launchers.base import Launcher
