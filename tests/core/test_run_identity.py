@@ -79,6 +79,7 @@ def test_a_resubmitted_job_continues_the_run_and_counts_attempts(tmp_path, monke
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("mode", ["launch", "spawn"])
 def test_every_rank_of_a_launched_job_has_one_run(tmp_path, mode):
+    pytest.importorskip("fabric_ddp", reason="needs fabric-ddp (the XLA lane installs only fabric-core and fabric-xla)")
     out = tmp_path / "out"
     out.mkdir()
     job = start_job([sys.executable, SCRIPT, out, mode], tmp_path / "job.log", env=job_env(PYTHONWARNINGS="ignore"), cwd=tmp_path)
@@ -96,6 +97,7 @@ def test_every_rank_of_a_launched_job_has_one_run(tmp_path, mode):
 
 @pytest.mark.multiprocess
 def test_fabric_run_restarts_keep_the_run_and_count_attempts(tmp_path):
+    pytest.importorskip("fabric_ddp", reason="needs fabric-ddp (the XLA lane installs only fabric-core and fabric-xla)")
     out = tmp_path / "out"
     out.mkdir()
     command = [*fabric_command(), "--accelerator", "cpu", "--strategy", "ddp", "--devices", "2", "--max-restarts", "1", SCRIPT, out, "cli", "fail"]
