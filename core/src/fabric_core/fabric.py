@@ -568,7 +568,9 @@ class Fabric:
         device = self.device if move_to_device else None
         if os.environ.get(runtime_ledger.LEDGER_VARIABLE):
             runtime_ledger.active(self.run_info)  # FABRIC_SAMPLE_LEDGER=1: the ledger goes into the run folder
-        return FabricDataLoader(dataloader, device=device)
+        # The ledger counts what the run trained: one record per data-parallel share, not one per model-axis peer.
+        records = all(axis.coordinate == 0 for axis in self._strategy.topology.axes if not axis.splits_data)
+        return FabricDataLoader(dataloader, device=device, record_samples=records)
 
     def _validate_setup(self, module: Module, optimizers: Iterable[Optimizer], method: str) -> None:
         if isinstance(module, FabricModule) or is_wrapped(module):

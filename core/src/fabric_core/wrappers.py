@@ -545,7 +545,9 @@ class FabricDataLoader:
     saved in the middle of an epoch continues that epoch, with the same ``set_epoch`` number, where it stopped.
     """
 
-    def __init__(self, dataloader: DataLoader, device: torch.device | None = None) -> None:
+    def __init__(self, dataloader: DataLoader, device: torch.device | None = None, *, record_samples: bool = True) -> None:
+        """``record_samples``: whether this process writes the batches it hands out to the sample ledger (one process
+        of those that share a data-parallel rank does: tensor, pipeline and sequence peers train the same samples)."""
         self.__dict__.update(dataloader.__dict__)
         self._dataloader = dataloader
         self._device = device
@@ -555,7 +557,8 @@ class FabricDataLoader:
         self._position = 0  # global position reached in the epoch iterated last (a global order's loader)
         self._loaded_position = 0  # where a loaded epoch continues
         book = _ledger.active()  # FABRIC_SAMPLE_LEDGER: the loader's name there, by the order of setup
-        self._ledger_name = book.name_loader() if book is not None else None
+        name = book.name_loader() if book is not None else None  # named on every process: the same name everywhere
+        self._ledger_name = name if record_samples else None
 
     @property
     def device(self) -> torch.device | None:

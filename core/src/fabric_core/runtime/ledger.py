@@ -9,7 +9,9 @@ own there (``samples-rank<R>-<host>-<pid>.jsonl``; the first line names the run 
 * ``step``: the samples of one batch a set-up loader handed out, written when the next optimizer step is taken (a
   batch fetched but never stepped on was not trained): the loader (``loader<i>``, in the order the process set its
   loaders up), the epoch, the global batch's first and end position, this rank's share of it, the sample indices
-  (pads counted apart) and the optimizer steps this process had taken;
+  (pads counted apart) and the optimizer steps this process had taken. Processes that share a data-parallel rank
+  (tensor, pipeline, sequence peers) train the same samples together: only the first of them (coordinate 0 on every
+  model axis of the topology) writes these;
 * ``resume``: a loader restored from a checkpoint, at an epoch and global position.
 
 Every line is flushed when written (a killed process leaves what it wrote), not forced to disk. The report
