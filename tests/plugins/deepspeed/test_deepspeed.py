@@ -14,6 +14,8 @@ import pytest
 import torch
 from jobs import fabric_command, job_env, read_json, run_job, run_ranks
 
+from fabric_core.runtime.ledger import report
+
 pytestmark = pytest.mark.multiprocess
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -88,6 +90,7 @@ def _consolidate_in_subprocess(*folders: Path) -> list[subprocess.CompletedProce
 
 
 def test_checkpoints_resume_exactly_consolidate_and_load_everywhere(tmp_path: Path) -> None:
+    """At the same size, on other strategies and, optimizer state included, on 3 and then 1 rank (2 -> 3 -> 1)."""
     run_ranks(SCRIPTS / "checkpoint_checks.py", str(tmp_path), "save", timeout=240, tmp_path=tmp_path)
     saved = read_json(tmp_path / "checkpoint_save.json")
     # DeepSpeed's layout, committed as a whole (no temporary entries, the old checkpoint replaced at once).
@@ -145,15 +148,57 @@ def test_checkpoints_resume_exactly_consolidate_and_load_everywhere(tmp_path: Pa
         model = common.make_model(5)
         model.load_state_dict(weights)  # into the plain model, strict
 
-    # The same directory loads into DDP and FSDP (2 ranks), a single device and a 1-rank engine.
+    # The same directory loads into DDP and FSDP (2 ranks), a single device and a 1-rank engine; on 3 ranks (grow)
+    # and then 1 (shrink, in the job of load_elsewhere.py one) the resize checks load the optimizer state too.
     run_ranks(SCRIPTS / "load_elsewhere.py", str(tmp_path), "two", timeout=180, tmp_path=tmp_path)
-    run_ranks(SCRIPTS / "load_elsewhere.py", str(tmp_path), "one", world_size=1, timeout=180, tmp_path=tmp_path)
+    run_ranks(SCRIPTS / "resize_checks.py", str(tmp_path), "grow", world_size=3, timeout=300, tmp_path=tmp_path)
+    run_ranks(SCRIPTS / "load_elsewhere.py", str(tmp_path), "one", world_size=1, timeout=240, tmp_path=tmp_path)
     elsewhere = {**read_json(tmp_path / "elsewhere_two.json"), **read_json(tmp_path / "elsewhere_one.json")}
     for name in ("ddp", "fsdp", "single_device", "deepspeed_stage_2"):
         if elsewhere[name] == "not installed":
             continue
         assert elsewhere[name] == {"remainder": ["counter", "scheduler", "step"], "diff": 0.0}, name
-    assert "saved on 2 ranks and is loaded on 1" in elsewhere["optimizer_error"]
+    assert "saved on 2 ranks and is loaded on 1 with ZeRO stage 3 into ZeRO stage 2" in elsewhere["optimizer_error"]
+    assert "deepspeed_stage_3" in elsewhere["optimizer_error"]
+    _check_resized(tmp_path)
+
+
+def _check_resized(tmp_path: Path) -> None:
+    """2 -> 3 -> 1 ranks, ZeRO 2 and 3 (fp32) and ZeRO 3 (bf16): every loaded tensor, gathered, equals the saved one
+    (float32 master weights, model weights, a buffer, a frozen parameter, Adam's state, step counters, the learning
+    rate), and training goes on with the uninterrupted run's losses (``global_batch_size``: the same global batches at
+    every size) and every sample of the epoch once (the sample ledger)."""
+    saved, grown, shrunk = (read_json(tmp_path / f"resize_{p}.json") for p in ("save", "grow", "shrink"))
+    for name in ("s2", "s3", "s3_bf16"):
+        for before, after in (("save", "grow"), ("grow", "shrink")):
+            expected = torch.load(tmp_path / f"state_{name}_{before}_saved.pt", weights_only=True)
+            loaded = torch.load(tmp_path / f"state_{name}_{after}_loaded.pt", weights_only=True)
+            assert sorted(loaded) == sorted(expected) and len(expected) == 33, (name, after)
+            differ = {k: float((v.double() - loaded[k].double()).abs().max()) for k, v in expected.items() if not torch.equal(v, loaded[k])}
+            assert not differ, (name, after, differ)
+        assert (grown[name]["world"], shrunk[name]["world"]) == (3, 1)
+        assert (grown[name]["step"], shrunk[name]["step"]) == (3, 5) and grown[name]["remainder"] == []
+        # the same global batches as the uninterrupted 2-rank run: its losses, up to the order of the reductions
+        tolerance = {"rel": 2e-3} if name.endswith("bf16") else {"rel": 1e-5}
+        assert grown[name]["losses"] + shrunk[name]["losses"] == pytest.approx(saved[name]["after"], **tolerance), name
+        # the elastic recipe's loader and generators went with the checkpoint: every sample of the epoch once
+        ledger = report(tmp_path / f"ledger_{name}")
+        summary = ledger.as_dict()["loaders"]["loader0"]
+        assert ledger.ok and summary["resumes"] == [[0, 18], [0, 30]], ledger.text()
+        assert summary["epochs"]["0"]["trained"] == summary["epochs"]["0"]["size"] == 42 and ledger.rolled_back == 8  # 4 steps x 2 ranks
+        assert len(set(grown[name]["draws"])) == 3, grown[name]["draws"]  # every rank's generators its own
+    refusals = grown["s2"]["refusals"]
+    assert refusals["unchanged"]
+    errors = refusals["errors"]
+    assert "Adam-style optimizers" in errors["momentum"] and "['momentum_buffer']" in errors["momentum"]
+    assert "saved on 2 ranks and is loaded on 3" in errors["momentum"]
+    assert "`elastic_checkpoint: true`" in errors["elastic"] and "Save without `elastic_checkpoint`" in errors["elastic"]
+    assert "(rank 0: " in errors["corrupt"] and "Load it on as many ranks as saved it" in errors["corrupt"]
+    assert "'extra.bias', 'extra.weight'" in errors["other_model"] and "Load a checkpoint of this model" in errors["other_model"]
+    assert [r["scratch_left"] for r in (saved, grown, shrunk)] == [[], [], []]
+    # every resized load converted on local rank 0, once (the corrupt one too), except the one converted ahead
+    assert grown["conversions"] == ["ck_s2_save", "ck_corrupt", "ck_s3_save", "ck_s3_bf16_save"]
+    assert shrunk["conversions"] == ["ck_s2_grow", "ck_s3_bf16_grow"]
 
 
 # ----------------------------------------------------------------------------------------------------- the seeds' loop

@@ -2,8 +2,10 @@
 
 :class:`DeepSpeedFormat` writes DeepSpeed's own checkpoint folder (its engine writes it, every rank its files) and
 commits it with the core's :func:`~fabric_core.io.commit.commit_directory`, on a local disk or at a URL; it loads
-it through the engine when as many ranks load as saved (the ZeRO partitions included), and as full weights
-otherwise. The layout is described in :mod:`fabric_deepspeed.layout`.
+it through the engine when as many ranks load as saved (the ZeRO partitions included), through DeepSpeed's universal
+checkpoint when another number of ranks loads the optimizer state too (:mod:`fabric_deepspeed.universal`), and as
+full weights when another number of ranks loads the model alone. The layout is described in
+:mod:`fabric_deepspeed.layout`.
 
 DeepSpeed's engine reads and writes local folders only. At a URL every rank writes into a local scratch folder
 (the system's temporary directory) and uploads its files into the version the core stages; loading downloads the
@@ -45,7 +47,7 @@ from fabric_core.io import (
     restore_state,
     state_to_save,
 )
-from fabric_deepspeed import runtime
+from fabric_deepspeed import runtime, universal
 from fabric_deepspeed.layout import (
     FORMAT_KEY,
     FORMAT_VERSION,
@@ -282,12 +284,12 @@ def is_deepspeed_optimizer(obj: Any) -> bool:
     return base is not None and isinstance(obj, base.DeepSpeedOptimizer)
 
 
-def _read_record(path: Path, tag: str) -> dict[str, Any] | None:
+def _read_model_states(path: Path, tag: str) -> dict[str, Any]:
+    """The first model-states file of ``tag`` (stage 3: rank 0's), memory-mapped: our record and DeepSpeed's sizes."""
     files = model_states_files(path, tag)
     if not files:
-        return None
-    states = torch.load(files[0], map_location="cpu", weights_only=False, mmap=True)
-    return _record_from(states)
+        return {}
+    return torch.load(files[0], map_location="cpu", weights_only=False, mmap=True)
 
 
 # ---------------------------------------------------------------------------------------------------- the format
@@ -394,8 +396,10 @@ class DeepSpeedFormat(CheckpointFormat):
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
         """Saved on as many ranks: the engine reads its partitions (the model, and the optimizer if the state asks
-        for it); the rest comes from the client state. Saved on another number of ranks: full weights (float32,
-        merged by ``zero_to_fp32``) into the engine, without the optimizer."""
+        for it); the rest comes from the client state. Saved on another number of data-parallel ranks: with the
+        optimizer in ``state``, the partitions are resharded through DeepSpeed's universal checkpoint
+        (:func:`fabric_deepspeed.universal.load_resharded`; ZeRO off: the engine reads the whole state as usual);
+        without it, full weights (float32, merged by ``zero_to_fp32``) into the engine."""
         if isinstance(state, (Module, Optimizer)):
             raise ValueError(
                 f"`fabric.load_raw` expects a file with a plain PyTorch state dict, but {str(location)!r} is a"
@@ -407,28 +411,31 @@ class DeepSpeedFormat(CheckpointFormat):
             tag = read_tag(path)
             assert tag is not None  # recognised before
             check_safe_to_load(path, tag, weights_only)
-            saved = _read_record(path, tag)
-            if saved is not None and saved.get("world_size") not in (None, context.world_size):
-                if optimizer_key is not None:
-                    raise ValueError(
-                        f"The DeepSpeed checkpoint {str(location)!r} was saved on {saved['world_size']} ranks and is"
-                        f" loaded on {context.world_size}: DeepSpeed's ZeRO optimizer state can only be loaded on as"
-                        " many ranks as saved it. Load only the model (leave the optimizer out of the state), or use"
-                        " the same number of processes."
-                    )
+            first = _read_model_states(path, tag)
+            saved = _record_from(first)
+            saved_size = universal.saved_data_parallel_size(first, saved)
+            resized = saved_size is not None and saved_size != context.world_size
+            if resized and optimizer_key is None and saved is not None:  # the weights alone, merged: any stage
                 return context.restore(state, self.read(location, weights_only=weights_only), strict)
             rest = {k: v for k, v in state.items() if k not in (key, optimizer_key)}
             if saved is not None:
                 available = {*saved["state"], *(k for k in (saved.get("model"), saved.get("optimizer")) if k)}
                 asked = list(rest) + ([optimizer_key] if optimizer_key is not None and saved.get("optimizer") is None else [])
                 check_missing(asked, available, strict)
-            loaded_path, client_state = engine.load_checkpoint(
-                str(path),
-                tag=tag,
-                load_module_strict=strict,
-                load_optimizer_states=optimizer_key is not None,
-                load_lr_scheduler_states=False,
-            )
+            if resized and engine.zero_optimization_stage() > 0:
+                # ZeRO partitions for another number of ranks: DeepSpeed's universal checkpoint reshards them.
+                loaded_path = str(path)
+                client_state = universal.load_resharded(
+                    engine, path, tag, context, model_states=first, saved_size=saved_size, strict=strict
+                )
+            else:  # as many ranks as saved it (or ZeRO off: the optimizer state is whole on every rank)
+                loaded_path, client_state = engine.load_checkpoint(
+                    str(path),
+                    tag=tag,
+                    load_module_strict=strict,
+                    load_optimizer_states=optimizer_key is not None,
+                    load_lr_scheduler_states=False,
+                )
         if loaded_path is None:
             raise RuntimeError(
                 "DeepSpeed was unable to load the checkpoint. Ensure you passed in a DeepSpeed compatible checkpoint"

@@ -2,6 +2,7 @@
 
 ``python checkpoint_checks.py OUT save`` then ``... OUT resume`` (fresh processes, other seeds) on every rank. The
 save phase records the losses an uninterrupted run gets after the checkpoint; the resume phase must get the same.
+The save phase then runs ``resize_checks.py``'s (checkpoints for 3 ranks to load).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import sys
 from pathlib import Path
 
 import ds_common as c
+import resize_checks
 import torch
 
 from fabric_core import Fabric
@@ -187,6 +189,8 @@ def main() -> None:
     result = save_phase(out) if phase == "save" else resume_phase(out)
     if int(os.environ["RANK"]) == 0:
         c.dump(out / f"checkpoint_{phase}.json", result)
+    if phase == "save":
+        resize_checks.run_phase(out, "save")  # the checkpoints that resize_checks.py grow loads on 3 ranks
 
 
 if __name__ == "__main__":

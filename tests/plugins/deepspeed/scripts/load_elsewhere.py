@@ -2,7 +2,8 @@
 
 ``python load_elsewhere.py OUT two`` on 2 ranks: DDP, then FSDP, load ``ck_s3`` (saved by checkpoint_checks.py).
 ``python load_elsewhere.py OUT one`` on 1 rank: a single-device Fabric loads it; a 1-rank DeepSpeed engine loads
-the 2-rank checkpoint's weights (the optimizer state cannot follow: a clear error).
+the 2-rank stage-3 checkpoint's weights (its optimizer state cannot follow into stage 2: a clear error), then
+``resize_checks.py``'s shrink phase.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import sys
 
 import ds_common as c
+import resize_checks
 import torch
 
 from fabric_core import Fabric
@@ -45,10 +47,12 @@ def main() -> None:
         result[name] = {"remainder": sorted(remainder), "diff": c.max_diff(full(model), live)}
         if name.startswith("deepspeed"):
             result["optimizer_error"] = c.expect_error(
-                ValueError, "saved on 2 ranks and is loaded on 1", fabric.load, out / "ck_s3", {"model": model, "optimizer": optimizer}
+                RuntimeError, "with ZeRO stage 3 into ZeRO stage 2", fabric.load, out / "ck_s3", {"model": model, "optimizer": optimizer}
             )
     if int(os.environ["RANK"]) == 0:
         c.dump(out / f"elsewhere_{mode}.json", result)
+    if mode == "one":
+        resize_checks.run_phase(out, "shrink")  # the 3-rank checkpoints of resize_checks.py grow, on 1 rank
 
 
 if __name__ == "__main__":
