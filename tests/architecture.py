@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import importlib
 import io
+import re
 import sys
 import tokenize
 from collections.abc import Callable
@@ -332,6 +333,10 @@ def _broad(handler: ast.ExceptHandler) -> str | None:
     return None
 
 
+#: ``noqa: BLE001`` and the like at the start of a comment: a linter's code, not a reason.
+_NOQA = re.compile(r"^noqa(:\s*[A-Z]+[0-9]+(,\s*[A-Z]+[0-9]+)*)?\s*")
+
+
 def broad_excepts(paths: list[Path]) -> list[Finding]:
     """Every broad ``except`` in ``paths``; ``what`` ends with ``(no reason given)`` where no comment on the ``except``
     line (a ``noqa`` alone is no reason) says why it must be broad."""
@@ -345,9 +350,7 @@ def broad_excepts(paths: list[Path]) -> list[Finding]:
                     continue
                 comments = _comments(path) if comments is None else comments
                 comment = comments.get(node.lineno, "")
-                reason = comment.split("#", 1)[-1].strip()
-                if reason.startswith("noqa"):
-                    reason = reason.split(")", 1)[-1].strip() if "(" in reason else ""
+                reason = re.sub(_NOQA, "", comment.split("#", 1)[-1].strip()).strip(" -()")
                 found.append(Finding(path, node.lineno, kind if reason else f"{kind} (no reason given)"))
     return sorted(found, key=lambda f: (str(f.path), f.line))
 

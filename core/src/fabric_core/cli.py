@@ -39,21 +39,23 @@ def _core_version() -> str | None:
 def _entry_status(entry: Entry) -> tuple[str, str | None]:
     """Import ``entry``'s target (and, for an accelerator, ask ``is_available()``; for a class with
     ``unavailable_reason()``, ask it): (status, error or the reason it is unavailable)."""
+    from fabric_core.plugins.registry import PluginImportError
+    from fabric_core.utilities.exceptions import guarded
+
     try:
         cls = entry.load()
-    except Exception as err:
+    except PluginImportError as err:  # the registry names every import failure so, the plugin's cause attached
         cause = err.__cause__ or err
         return "error", f"{type(cause).__name__}: {cause}"
     if entry.kind == "accelerator":
-        try:
-            return ("available" if cls.is_available() else "unavailable"), None
-        except Exception as err:
+        available, err = guarded(cls.is_available)  # a plugin's code
+        if err is not None:
             return "error", f"is_available() raised {type(err).__name__}: {err}"
+        return ("available" if available else "unavailable"), None
     reason = getattr(cls, "unavailable_reason", None)  # precisions: a package or device this machine lacks
     if callable(reason):
-        try:
-            why = reason()
-        except Exception as err:
+        why, err = guarded(reason)
+        if err is not None:
             return "error", f"unavailable_reason() raised {type(err).__name__}: {err}"
         if why:
             return "unavailable", str(why)

@@ -97,10 +97,10 @@ def consolidate_main(args: argparse.Namespace) -> int:
     import torch
 
     from fabric_core.io.checkpoint_io import TorchCheckpointIO
+    from fabric_core.utilities.exceptions import guarded
 
-    try:
-        checkpoint = checkpoint_format.read(location, map_location=torch.device("cpu"))
-    except Exception as err:  # a plugin's reader may raise anything: the command names it and exits 1
+    checkpoint, err = guarded(checkpoint_format.read, location, map_location=torch.device("cpu"))  # a plugin's code
+    if err is not None:
         return _fail(f"Could not read the checkpoint folder {folder!r}: {type(err).__name__}: {err}")
     TorchCheckpointIO().save_checkpoint(checkpoint, output)  # crash-safe locally, one upload at a URL
     print(f"Consolidated {folder!r} into {str(output)!r}.")

@@ -25,6 +25,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from fabric_core.utilities.exceptions import guarded
+
 #: Packages whose versions matter in a report, besides torch and the Fabric distributions (metadata only).
 #: The plugins' own frameworks come from their ``fabric_report_packages`` hooks and are shown even when absent.
 RELATED_PACKAGES = (
@@ -47,11 +49,10 @@ HIDDEN = "<hidden>"
 
 
 def _guarded(collect: Callable[[], Any]) -> Any:
-    """Run one section's collector; a failure becomes ``{"error": ...}`` so the rest of the report survives."""
-    try:
-        return collect()
-    except Exception as err:  # a bug-report tool must report, not crash
-        return {"error": f"{type(err).__name__}: {err}"}
+    """Run one section's collector; a failure becomes ``{"error": ...}`` so the rest of the report survives (a
+    bug-report tool must report, not crash)."""
+    found, err = guarded(collect)
+    return found if err is None else {"error": f"{type(err).__name__}: {err}"}
 
 
 # ------------------------------------------------------------------------------------------------- sections
@@ -145,9 +146,8 @@ def services() -> dict[str, str]:
 
     found: dict[str, str] = {}
     for impl in get_registry().plugin_manager.hook.fabric_report_services.get_hookimpls():
-        try:
-            answer = impl.function()
-        except Exception as err:  # the report goes on
+        answer, err = guarded(impl.function)  # a plugin's code: the report goes on
+        if err is not None:
             found[impl.plugin_name] = f"error: {type(err).__name__}: {err}"
             continue
         found.update({str(label): str(state) for label, state in (answer or {}).items()})
@@ -171,7 +171,7 @@ def torch_info() -> dict[str, Any]:
     }
     try:
         info["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    except Exception:
+    except (RuntimeError, OSError):  # a cuDNN that does not load is reported as absent
         pass
     dist = torch.distributed
     info["distributed"] = {
@@ -190,7 +190,7 @@ def torch_info() -> dict[str, Any]:
         try:
             version = torch.cuda.nccl.version()
             info["nccl"] = ".".join(str(v) for v in version) if isinstance(version, tuple) else str(version)
-        except Exception:
+        except (RuntimeError, AttributeError):  # a build without NCCL's version call
             pass
     if torch.cuda.is_available():
         info["cuda_available"] = True
@@ -300,7 +300,7 @@ def threads_info() -> dict[str, Any]:
 
         info["torch_intra_op"] = torch.get_num_threads()
         info["torch_inter_op"] = torch.get_num_interop_threads()
-    except Exception as err:
+    except (ImportError, RuntimeError) as err:
         info["torch"] = f"{type(err).__name__}: {err}"
     omp = os.environ.get("OMP_NUM_THREADS")
     info["OMP_NUM_THREADS"] = omp

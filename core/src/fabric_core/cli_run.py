@@ -439,9 +439,11 @@ def script_launcher(args: RunArgs) -> type | None:
 def _load_quietly(entry: Any) -> type | None:
     if entry is None:
         return None
+    from fabric_core.plugins.registry import PluginImportError
+
     try:
         return entry.load()
-    except Exception:  # a broken plugin's launcher is simply not offered (`fabric plugins` reports why)
+    except PluginImportError:  # a broken plugin's launcher is simply not offered (`fabric plugins` reports why)
         return None
 
 

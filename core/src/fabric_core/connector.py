@@ -221,10 +221,11 @@ def resolve_accelerator(registry: Registry, accelerator: Any) -> Accelerator:
 
 
 def _safe_available(registry: Registry, name: str) -> bool:
-    try:
-        return bool(registry.get("accelerator", name).load().is_available())
-    except Exception:
-        return False
+    """Whether the accelerator ``name`` can be used here (for a message); a broken plugin's counts as unavailable."""
+    from fabric_core.utilities.exceptions import guarded
+
+    available, err = guarded(lambda: registry.get("accelerator", name).load().is_available())
+    return err is None and bool(available)
 
 
 class _UserPlugins(NamedTuple):

@@ -355,7 +355,7 @@ class Fabric:
         try:
             with utilities.data.capture_init_arguments():
                 return to_run(*args, **kwargs)
-        except BaseException as err:
+        except BaseException as err:  # Ctrl-C or sys.exit(1) fails the run as much as an error: marked, then raised
             # The run failed: trackers mark it failed now (a spawned process never runs atexit handlers).
             if not (isinstance(err, SystemExit) and err.code in (0, None)):
                 for logger_error in self._finalize_loggers("failed"):
@@ -1007,11 +1007,12 @@ class Fabric:
         found: str | None = None
         error: str | None = None
         if self.is_global_zero:
-            try:
-                location = checkpoints.latest()
-                found = None if location is None else str(location)
-            except Exception as err:  # the other ranks must not wait for an answer that never comes
+            # any failure is an answer too: the other ranks must not wait for one that never comes
+            location, err = utilities.guarded(checkpoints.latest)
+            if err is not None:
                 error = f"{type(err).__name__}: {err}"
+            elif location is not None:
+                found = str(location)
         if self.world_size > 1:
             self._validate_launched()
             found, error = self._strategy.broadcast((found, error), src=0)

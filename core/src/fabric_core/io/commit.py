@@ -40,6 +40,7 @@ from fabric_core.io.background import CheckpointHandle, NotDurableError
 from fabric_core.io.coordination import ALONE, Coordinator, publish_together
 from fabric_core.io.errors import unpicklable_value_error
 from fabric_core.io.location import CheckpointLocation
+from fabric_core.utilities.exceptions import guarded, on_failure
 
 try:
     import fcntl
@@ -388,16 +389,16 @@ class _WrittenTemp:
     def replace_target(self, sync_first: bool) -> None:
         """Rename the file over the target (after an ``fsync`` with ``sync_first``); on failure remove it, the
         target untouched. The previous checkpoint is dropped only by this rename."""
-        try:
-            if sync_first:
-                os.fsync(self.file.fileno())
-            os.chmod(self.name, _default_file_mode())
-            os.replace(self.name, self.target)
-        except BaseException as err:
-            self.discard()
-            if _no_space(err):
-                raise _no_space_error(self.target, err) from err  # type: ignore[arg-type]
-            raise
+        with on_failure(self.discard):
+            try:
+                if sync_first:
+                    os.fsync(self.file.fileno())
+                os.chmod(self.name, _default_file_mode())
+                os.replace(self.name, self.target)
+            except OSError as err:
+                if _no_space(err):
+                    raise _no_space_error(self.target, err) from err
+                raise
 
     def make_durable(self, folder_fd: int | None, synced: bool) -> None:
         """``fsync`` the file (unless already done) and the folder's entry; close both (releasing the lock).
@@ -433,6 +434,11 @@ class _WrittenTemp:
             pass
 
 
+#: What a write into a temporary file may fail with that :func:`_write_temp`'s ``explain`` can say more about: a
+#: full disk (``OSError``, which ``torch.save`` reports as a ``RuntimeError``), a value that does not pickle.
+EXPLAINED = (OSError, RuntimeError, pickle.PicklingError, TypeError, AttributeError)
+
+
 def _write_temp(
     target: Path, write: Callable[[Any], None], explain: Callable[[BaseException], BaseException | None]
 ) -> _WrittenTemp:
@@ -446,17 +452,17 @@ def _write_temp(
     fd, tmp_name = tempfile.mkstemp(prefix=temp_prefix(target), dir=parent)
     tmp_file = os.fdopen(fd, "wb")
     written = _WrittenTemp(tmp_file, tmp_name, target)
-    try:
-        if fcntl is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # marks the file as being written (see leftovers)
-        write(tmp_file)
-        tmp_file.flush()
-    except BaseException as err:  # Ctrl-C mid-save too: no multi-GB temporary file may stay behind
-        written.discard()
-        clearer = explain(err)
-        if clearer is not None:
-            raise clearer from err
-        raise
+    with on_failure(written.discard):  # Ctrl-C mid-save too: no multi-GB temporary file may stay behind
+        try:
+            if fcntl is not None:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # marks the file as being written (see leftovers)
+            write(tmp_file)
+            tmp_file.flush()
+        except EXPLAINED as err:
+            clearer = explain(err)
+            if clearer is not None:
+                raise clearer from err
+            raise
     return written
 
 
@@ -576,16 +582,15 @@ def commit_directory(
     """
     coordinator = coordinator if coordinator is not None else ALONE
     staged = _stage(CheckpointLocation.of(target), coordinator)
-    error: Exception | None = None
-    try:
-        write(staged.location)
-        staged.make_durable()
-    except BaseException as err:  # noqa: B036 (agree on failure below, then clean up in finally)
-        if not isinstance(err, Exception):
-            staged.abandon()
-            raise
-        error = err
+    with on_failure(staged.abandon):  # Ctrl-C: nothing to agree on, the staged folder goes
+        # any other failure of this rank must reach the vote (raised, the other ranks would wait at it)
+        _, error = guarded(_write_staged, write, staged)
     staged.finish(error, coordinator)
+
+
+def _write_staged(write: Callable[[CheckpointLocation], None], staged: _StagedDirectory | remote.StagedVersion) -> None:
+    write(staged.location)
+    staged.make_durable()
 
 
 def commit_directory_async(
@@ -604,19 +609,11 @@ def commit_directory_async(
     """
     location = CheckpointLocation.of(target)
     staged = _stage(location, coordinator)
-    try:
+    with on_failure(staged.abandon):
         wait = start_write(staged.location)
-    except BaseException:
-        staged.abandon()
-        raise
 
     def complete() -> None:
-        error: Exception | None = None
-        try:
-            wait()
-            staged.make_durable()
-        except Exception as err:
-            error = err
+        _, error = guarded(lambda: (wait(), staged.make_durable()))  # to the vote, as in commit_directory
         staged.finish(error, background_coordinator)
 
     return background.submit(location, complete)
@@ -664,7 +661,14 @@ def _stage(target: CheckpointLocation, coordinator: Coordinator) -> _StagedDirec
 def _stage_directory(target: Path, coordinator: Coordinator) -> _StagedDirectory:
     lock: WriterLock | None = None
     tmp: Path | None = None
-    try:
+
+    def undo() -> None:
+        if lock is not None:
+            lock.release()
+        if tmp is not None:
+            remove_path(tmp)
+
+    with on_failure(undo):
         if coordinator.is_global_zero:
             target.parent.mkdir(parents=True, exist_ok=True)
             remove_leftovers(target)
@@ -675,12 +679,6 @@ def _stage_directory(target: Path, coordinator: Coordinator) -> _StagedDirectory
         agreed = coordinator.broadcast((str(target), str(tmp)) if tmp is not None else None, src=0)
         target, tmp = Path(agreed[0]), Path(agreed[1])
         tmp.mkdir(parents=True, exist_ok=True)
-    except BaseException:
-        if lock is not None:
-            lock.release()
-        if tmp is not None:
-            remove_path(tmp)
-        raise
     return _StagedDirectory(target, tmp, lock)
 
 

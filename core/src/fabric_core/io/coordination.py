@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from fabric_core.io.errors import CheckpointSaveError
+from fabric_core.utilities.exceptions import guarded
 
 __all__ = ["ALONE", "CheckpointSaveError", "Coordinator", "publish_together"]
 
@@ -72,11 +73,8 @@ def publish_together(error: Exception | None, coordinator: Coordinator, publish:
     this raises.
     """
     if coordinator.reduce_boolean_decision(error is None, all=True):
-        try:
-            if coordinator.is_global_zero:
-                publish()
-        except Exception as err:
-            error = err
+        if coordinator.is_global_zero:
+            _, error = guarded(publish)  # any failure must reach the second vote, or the other ranks wait at it
         if coordinator.reduce_boolean_decision(error is None, all=True):
             return
     failed = _gather_failures(coordinator, error)
@@ -98,9 +96,8 @@ def _gather_failures(coordinator: Coordinator, error: Exception | None) -> list[
     gather = getattr(coordinator, "all_gather_object", None)
     if gather is None:
         return []
-    try:
-        texts = gather(None if error is None else _describe(error))
-    except Exception:
+    texts, failed = guarded(gather, None if error is None else _describe(error))  # a coordinator's collective
+    if failed is not None:
         return []
     return [(rank, text) for rank, text in enumerate(texts) if text is not None]
 

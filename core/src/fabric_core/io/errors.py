@@ -46,11 +46,10 @@ def _pickles(value: Any) -> BaseException | None:
         def persistent_id(self, obj: Any) -> Any:
             return 1 if isinstance(obj, (torch.Tensor, torch.UntypedStorage, torch.TypedStorage)) else None
 
-    try:
-        Probe(io.BytesIO(), protocol=2).dump(value)
-    except Exception as err:
-        return err
-    return None
+    from fabric_core.utilities.exceptions import guarded
+
+    _, err = guarded(Probe(io.BytesIO(), protocol=2).dump, value)  # whatever pickling raises is the answer
+    return err
 
 
 def _first_unpicklable(value: Any, path: str) -> tuple[str, Any, BaseException] | None:

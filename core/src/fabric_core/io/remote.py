@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fabric_core.io.coordination import Coordinator, publish_together
+from fabric_core.utilities.exceptions import guarded
 
 if TYPE_CHECKING:
     from fabric_core.io.location import CheckpointLocation
@@ -169,20 +170,14 @@ class StagedVersion:
         self._published = True
         for name in self.target.listdir():  # best effort: an old version left behind harms nothing
             if name.startswith(VERSION_PREFIX) and name != self.version:
-                try:
-                    self.target.child(name).remove()
-                except Exception:  # noqa: S110 - the next save tries again
-                    pass
+                guarded(self.target.child(name).remove)  # a failure is ignored: the next save tries again
         # A single-file checkpoint saved at this key before is replaced by the folder: drop that object (only it).
         fs, inner = self.target.filesystem()
         if fs.isfile(inner):
             fs.rm_file(inner)
 
     def _remove(self) -> None:
-        try:
-            self.location.remove()
-        except Exception:  # noqa: S110 - a version never named by the marker harms nothing
-            pass
+        guarded(self.location.remove)  # a failure is ignored: a version never named by the marker harms nothing
 
 
 def stage_version(target: CheckpointLocation, coordinator: Coordinator) -> StagedVersion:

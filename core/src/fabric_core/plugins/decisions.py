@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from fabric_core.plugins.hookspecs import HOOK_NAMES
 from fabric_core.plugins.registry import CORE_DISTRIBUTION, PluginFailure
+from fabric_core.utilities.exceptions import guarded
 
 if TYPE_CHECKING:
     from fabric_core.accelerators.base import Accelerator
@@ -117,20 +118,18 @@ class Decisions:
 
     def call_one(self, impl: Any, hook_name: str, kwargs: dict[str, Any]) -> Any:
         """One implementation's answer, or ``None`` if it raised (then it is recorded as that plugin's failure)."""
-        try:
-            return impl.function(*[kwargs[name] for name in impl.argnames])
-        except Exception as err:
+        answer, err = guarded(impl.function, *[kwargs[name] for name in impl.argnames])
+        if err is not None:
             self._isolate(impl, hook_name, err)
-            return None
+        return answer
 
     def call(self, hook_name: str, **kwargs: Any) -> Any:
         """Ask each implementation in turn; return the first answer that is not ``None``."""
         for impl in self.implementations(hook_name):
-            try:
-                answer = impl.function(*[kwargs[name] for name in impl.argnames])
-            except Exception as err:
+            answer, err = guarded(impl.function, *[kwargs[name] for name in impl.argnames])  # a plugin's code
+            if err is not None:
                 if self._owns(impl, kwargs):
-                    raise
+                    raise err
                 self._isolate(impl, hook_name, err)
                 continue
             if answer is not None:

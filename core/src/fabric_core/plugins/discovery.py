@@ -48,6 +48,7 @@ from fabric_core.plugins.registry import (
     Registry,
     normalise_distribution,
 )
+from fabric_core.utilities.exceptions import guarded
 from fabric_core.utilities.lazy import name_and_version
 
 AUTOLOAD_VARIABLE = "FABRIC_DISABLE_PLUGIN_AUTOLOAD"
@@ -194,8 +195,10 @@ def _load(registry: Registry, ep: Any, dist: str, version: str | None) -> tuple[
     """Import one entry point's module: ``(plugin, heavy modules it imported)``, or ``None`` if that failed."""
     before = _heavy_loaded()
     try:
-        plugin = ep.load()
-    except (Exception, SystemExit) as err:
+        plugin, err = guarded(ep.load)  # a plugin's module may raise anything as it is imported
+    except SystemExit as exit_:  # even end the process: it is contained like any other failure
+        plugin, err = None, exit_
+    if err is not None:
         registry.record_failure(
             PluginFailure(ep.name, dist, version, err, stage="import"),
             "Failed to load a Fabric plugin; other plugins are unaffected (FABRIC_DISABLE_PLUGINS="
@@ -232,9 +235,8 @@ def _run_registration_hooks(registry: Registry, plugins: list[tuple[Any, PluginI
             if impl is None:
                 continue
             registrar = Registrar(registry, kind, info)
-            try:
-                impl.function(**({"registrar": registrar} if "registrar" in impl.argnames else {}))
-            except Exception as err:
+            _, err = guarded(impl.function, **({"registrar": registrar} if "registrar" in impl.argnames else {}))
+            if err is not None:
                 registry.record_failure(
                     PluginFailure(info.name, info.distribution, info.version, err, stage="registration"),
                     f"A Fabric plugin failed while registering {kind} names; its names are unavailable",

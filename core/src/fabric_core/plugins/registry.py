@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from fabric_core.plugins.decisions import Decisions
 
 from fabric_core.plugins.kinds import KINDS
+from fabric_core.utilities.exceptions import guarded
 
 ENTRY_POINT_GROUP = "fabric.plugins"
 CORE_DISTRIBUTION = "fabric-core"
@@ -133,14 +134,19 @@ class Entry:
         return bool(check(location))
 
 
-def _import_target(target: str, entry: Entry) -> Any:
-    """The object an import string ``"package.module:attr"`` of ``entry`` names; a failure names the distribution."""
+def _import_object(target: str) -> Any:
     module_name, _, attr = target.partition(":")
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except Exception as err:
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _import_target(target: str, entry: Entry) -> Any:
+    """The object an import string ``"package.module:attr"`` of ``entry`` names; a failure (a plugin's module may
+    raise anything as it is imported) is a :class:`PluginImportError` naming the distribution."""
+    obj, err = guarded(_import_object, target)
+    if err is not None:
         version = f" {entry.version}" if entry.version else ""
         raise PluginImportError(
             f"The {entry.kind} {entry.name!r} is provided by {entry.distribution}{version}, but importing"
