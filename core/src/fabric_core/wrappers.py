@@ -830,7 +830,7 @@ def _is_registered_backend(name: str, compiler_fn: Any) -> bool:
         from torch._dynamo.backends.registry import lookup_backend
 
         return lookup_backend(name) is compiler_fn
-    except Exception:
+    except (ImportError, RuntimeError):  # a torch without that registry, or an unknown name (InvalidBackend)
         return False
 
 

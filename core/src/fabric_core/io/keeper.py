@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from fabric_core.io import snapshot_store as store
+from fabric_core.utilities.exceptions import on_failure
 
 INFO = "keeper.json"
 LOCK = "keeper.lock"
@@ -118,7 +119,7 @@ def receive_snapshot(sock: socket.socket, header: dict[str, Any], folder: Path, 
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / store.temp_name(step)
     tmp.mkdir()
-    try:
+    with on_failure(lambda: shutil.rmtree(tmp, ignore_errors=True)):
         skeleton = recv_exact(sock, sizes[store.SKELETON])
         (tmp / store.SKELETON).write_bytes(skeleton)
         crc = recv_to_file(sock, tmp / store.DATA, sizes[store.DATA])
@@ -133,9 +134,6 @@ def receive_snapshot(sock: socket.socket, header: dict[str, Any], folder: Path, 
         target = folder / store.snapshot_name(step)
         store.commit(tmp, target)
         return target
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def send_snapshot(sock: socket.socket, header: dict[str, Any], snapshot: Path) -> None:
@@ -372,7 +370,7 @@ class Keeper:
                 request = self._replicas.pop(key)
             try:
                 self._replicate(request)
-            except Exception as err:
+            except Exception as err:  # a failed copy (a peer gone, a disk full, ...) is noted; the keeper goes on
                 self._note(f"replicating {key} step {request.get('step')} to {request.get('host')}:{request.get('port')} failed: {type(err).__name__}: {err}")
 
     def _replicate(self, request: dict[str, Any]) -> None:

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from fabric_core.io import snapshot_store as store
+from fabric_core.utilities.exceptions import on_failure
 
 __all__ = ["MemoryTierError", "SnapshotWriter", "TensorRef", "read_snapshot", "state_bytes", "write_file"]
 
@@ -264,7 +265,7 @@ class SnapshotWriter:
         self.folder.mkdir(parents=True, exist_ok=True)
         tmp = self.folder / store.temp_name(step)
         tmp.mkdir()
-        try:
+        with on_failure(lambda: _remove_tree(tmp)):
             data = tmp / store.DATA
             reused = store.claim_free(self.folder)
             if reused is not None:
@@ -283,11 +284,6 @@ class SnapshotWriter:
                         deferred.append((tensor, view, tensor._version, name))
                     else:
                         view.copy_(tensor.detach())
-        except BaseException:
-            import shutil
-
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         manifest = {**manifest, "format": store.FORMAT, "step": step, "tensors": table, "data_bytes": size}
         pending = PendingSnapshot(step, tmp, self.folder / store.snapshot_name(step), manifest, deferred)
         if not deferred:
@@ -477,3 +473,9 @@ def write_file(folder: Path, target: Any, storage_options: Any = None) -> None:
         remote_save(state, location.url, storage_options)
     else:
         atomic_save(state, location.path)
+
+
+def _remove_tree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)

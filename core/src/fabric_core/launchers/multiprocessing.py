@@ -27,6 +27,7 @@ from fabric_core.launchers.processes import die_with_parent, exit_status, stop_p
 from fabric_core.runtime import failures
 from fabric_core.runtime.process_group import abandon_at_exit, release_process_group
 from fabric_core.runtime.run import job_environment
+from fabric_core.utilities.exceptions import on_failure
 from fabric_core.utilities.topology import export_rendezvous
 
 if TYPE_CHECKING:
@@ -99,12 +100,10 @@ class MultiProcessingLauncher(Launcher):
         )
         output: list[Any] = []
         try:
-            _join(process_context, results, output, error_dir)
-        except BaseException:
             # Ctrl-C or SIGTERM (turned into an exception) reached only this process, or a worker failed: the others
             # must not keep the job alive (the caller would wait on them at exit).
-            stop_processes(process_context.processes)
-            raise
+            with on_failure(lambda: stop_processes(process_context.processes)):
+                _join(process_context, results, output, error_dir)
         finally:
             shutil.rmtree(error_dir, ignore_errors=True)
         if not output and not results.empty():
@@ -201,7 +200,7 @@ def _check_picklable(function: Callable[..., Any], start_method: str, strategy: 
 
     try:
         pickle.dumps(function)
-    except Exception as err:
+    except (pickle.PicklingError, TypeError, AttributeError) as err:  # a lambda, a local function, a lock inside
         name = getattr(function, "__qualname__", repr(function))
         raise TypeError(
             f"`fabric.launch({name})` with start method {start_method!r} sends the function to new processes by"
@@ -252,11 +251,8 @@ def _worker(
         topology = strategy.configured_topology.with_local_rank(process_idx)
         env.set_global_rank(topology.global_rank)
         env.set_world_size(topology.world_size)
-    try:
+    with on_failure(abandon_at_exit):  # the caller reports this worker's error, not the ones its peers would get
         result = function(*args, **kwargs)
-    except BaseException:
-        abandon_at_exit()  # the caller reports this worker's error, not the ones its peers would get
-        raise
     if process_idx == 0:
         results.put(_serialize(result))
     release_process_group()  # before the worker's interpreter shuts down (see utilities/process_group.py)

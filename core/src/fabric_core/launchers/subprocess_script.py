@@ -44,6 +44,7 @@ from fabric_core.launchers.base import Launcher, start_method_hint
 from fabric_core.runtime import failures, hang
 from fabric_core.runtime.process_group import release_process_group
 from fabric_core.runtime.run import job_environment
+from fabric_core.utilities.exceptions import on_failure
 from fabric_core.utilities.topology import Topology, export_variables, threads_per_process
 
 if TYPE_CHECKING:
@@ -97,7 +98,7 @@ def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except Exception:
+        except (OSError, ValueError, AttributeError):  # a closed or broken stream, or none (sys.stdout is None)
             pass
 
 
@@ -390,7 +391,8 @@ class SubprocessScriptLauncher(Launcher):
         children: list[subprocess.Popen] = []
         ranks = list(range(1, self.num_processes))
         error_dir = tempfile.mkdtemp(prefix="fabric-errors-")
-        try:
+        # Ctrl-C between two starts too: the children started so far must not outlive us
+        with on_failure(lambda: _ChildGroup(children, ranks[: len(children)], error_dir).terminate(grace=1.0)):
             for local_rank in ranks:
                 child_env = self.child_environment(env, local_rank)
                 child_env[failures.ERROR_FILE_VARIABLE] = error_file(error_dir, local_rank)
@@ -402,9 +404,6 @@ class SubprocessScriptLauncher(Launcher):
                         **processes.new_process_group(),
                     )
                 )
-        except BaseException:  # Ctrl-C between two starts too: the children started so far must not outlive us
-            _ChildGroup(children, ranks[: len(children)], error_dir).terminate(grace=1.0)
-            raise
         # From now on this process is local rank 0 of a complete set of launcher variables: a later `launch()` must
         # not start more children, and a later Fabric in this process sees a consistent job.
         self._export(rank_zero_env, ("LOCAL_RANK", "RANK"))

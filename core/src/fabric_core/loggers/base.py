@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, is_dataclass
 from typing import TYPE_CHECKING, Any
 
+from fabric_core.utilities.exceptions import guarded
 from fabric_core.utilities.rank_zero import get_rank, rank_zero_warn
 
 if TYPE_CHECKING:
@@ -227,11 +228,7 @@ def finalize_logger(logger: Any, status: str) -> Exception | None:
     finalize = getattr(logger, "finalize", None)
     if not callable(finalize):
         return None
-    try:
-        finalize(status)
-    except Exception as err:
-        return err
-    return None
+    return guarded(finalize, status)[1]  # a tracker's client may raise anything
 
 
 def _warn_failed_finalize(logger: Any, status: str, err: Exception) -> None:

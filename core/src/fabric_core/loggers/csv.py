@@ -20,6 +20,7 @@ from fabric_core.loggers.base import (
     params_to_dict,
     rank_zero_experiment,
 )
+from fabric_core.utilities.exceptions import on_failure
 from fabric_core.utilities.rank_zero import rank_zero_only, rank_zero_warn
 
 METRICS_FILE = "metrics.csv"
@@ -30,14 +31,10 @@ def _atomic_write(path: str, write: Any) -> None:
     """Write through a temporary file and rename it, so a crash never leaves a half-written file behind."""
     folder = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp_", suffix=os.path.basename(path))
-    try:
+    with on_failure(lambda: os.path.exists(tmp) and os.remove(tmp)):
         with os.fdopen(fd, "w", newline="", encoding="utf-8") as handle:
             write(handle)
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
 
 
 class _CSVWriter:

@@ -89,7 +89,7 @@ def write_record(message: str, callstack: str, path: str | None = None) -> None:
         with open(tmp, "w") as f:
             json.dump(data, f)
         os.replace(tmp, path)
-    except Exception:
+    except OSError:  # the record is a courtesy: a full or read-only disk must not mask the error being recorded
         pass
 
 

@@ -29,6 +29,8 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
+from fabric_core.utilities.exceptions import on_failure
+
 __all__ = [
     "DataLoaderRebuildError",
     "DistributedSamplerWrapper",
@@ -416,15 +418,12 @@ def capture_init_arguments() -> Iterator[None]:
     global _capture_depth
     with _capture_lock:
         if _capture_depth == 0:
-            try:
+            with on_failure(_uninstall):
                 for base in _CAPTURE_BASES:
                     for cls in _all_subclasses(base):
                         if "__init__" in cls.__dict__:
                             _patch_init(cls)
                     _install_subclass_hook(base)
-            except BaseException:
-                _uninstall()
-                raise
         _capture_depth += 1
     try:
         yield
@@ -482,7 +481,7 @@ def _arguments_from_attributes(
             continue
         try:
             value = getattr(obj, param.name)
-        except Exception:
+        except Exception:  # a user's property may raise anything: the argument is taken as not recoverable
             if param.default is inspect.Parameter.empty:
                 missing.append(param.name)
             continue
@@ -499,7 +498,7 @@ def _arguments_from_attributes(
                 continue
             try:
                 value = getattr(obj, param.name)
-            except Exception:
+            except Exception:  # a user's property may raise anything: this argument is not recovered
                 continue
             if param.default is inspect.Parameter.empty or not _same_value(value, param.default):
                 extra[param.name] = value

@@ -87,7 +87,7 @@ def _deepspeed_safe_globals() -> list[Any]:
     ):
         try:
             module = __import__(module_name, fromlist=list(names))
-        except Exception:  # noqa: S112 - a version without the module has nothing of it to allow
+        except ImportError:  # a version without the module has nothing of it to allow
             continue
         found.extend(getattr(module, n) for n in names if hasattr(module, n))
     return found

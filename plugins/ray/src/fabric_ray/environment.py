@@ -28,7 +28,7 @@ def train_context() -> Any | None:
             return None
         context = ray.train.get_context()
         context.get_world_size()  # outside a worker Ray raises here (or above)
-    except Exception:
+    except (RuntimeError, Warning):  # Ray's "not a Train worker"; in a Tune trial a DeprecationWarning
         return None
     return context
 

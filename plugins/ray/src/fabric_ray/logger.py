@@ -63,14 +63,14 @@ def _session() -> _Session | None:
     try:
         ray.train.get_context().get_world_size()
         return _Session(ray.train, tune=False)
-    except Exception:  # not a Train worker (in a Tune trial Ray raises a DeprecationWarning here)
+    except (RuntimeError, Warning):  # not a Train worker (in a Tune trial Ray raises a DeprecationWarning here)
         pass
     if "ray.tune" in sys.modules:  # Ray's trial runner imported it
         tune = sys.modules["ray.tune"]
         try:
             if tune.get_context().get_trial_name():
                 return _Session(tune, tune=True)
-        except Exception:
+        except (RuntimeError, Warning):  # not a Tune trial after all (a warning escalated by a filter too)
             pass
     return None
 

@@ -98,7 +98,7 @@ def tpu_generation() -> str | None:
             from torch_xla._internal import tpu
 
             name = str(tpu.get_tpu_env().get("ACCELERATOR_TYPE", ""))
-        except Exception:
+        except Exception:  # the metadata server's reply (requests, yaml, torch_xla's internals) may fail in any way
             name = ""
     kind = name.strip().lower().split("-", 1)[0]
     if not kind:
