@@ -388,8 +388,8 @@ class Fabric:
         self._goodput_logged_at_end = True
         try:
             self.log_goodput()
-        except Exception:
-            pass
+        except Exception as err:  # a tracker's client may raise anything: at teardown the run's own outcome stands
+            rank_zero_warn(f"Logging the goodput shares at the end of the run failed: {type(err).__name__}: {err}")
 
     def _finalize_loggers(self, status: str) -> list[Exception]:
         """Finalize every logger (those without ``finalize`` are skipped); returns the errors they raised."""

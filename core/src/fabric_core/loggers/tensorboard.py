@@ -156,7 +156,7 @@ class TensorBoardLogger(Logger):
                     self.experiment.add_scalars(key, dict(value), step)
                 else:
                     self.experiment.add_scalar(key, value, step)
-            except Exception as err:  # the writer rejects a value with whatever it raises (AssertionError, NotImplementedError, ...)
+            except (TypeError, ValueError, RuntimeError, AssertionError, NotImplementedError) as err:  # how .item() and the writer reject a value
                 raise ValueError(
                     f"You tried to log {value!r} under {key!r}, which is not supported. Log a scalar, a"
                     " one-element tensor, or a dict of those."

@@ -132,7 +132,7 @@ def _write(text: str) -> None:
     try:
         sys.stderr.write(text)
         sys.stderr.flush()
-    except Exception:
+    except (OSError, ValueError, AttributeError):  # a closed or broken stderr, or none
         pass
 
 

@@ -171,7 +171,7 @@ class Ledger:
                 tmp = path.with_name(f".{path.name}.tmp")
                 tmp.write_text(json.dumps(self.snapshot()))
                 os.replace(tmp, path)
-            except Exception:
+            except (OSError, TypeError, ValueError):  # a full or read-only disk, a value JSON cannot hold
                 pass
 
     # -------------------------------------------------------------------------------------------- resume

@@ -292,14 +292,25 @@ def write_summary_at_end(ledger: Ledger) -> None:
         if len(records) >= ledger.world_size and all(r and r.get("ended") for r in records):
             break
         time.sleep(0.05)
+    summary = summary_or_none(info.dir)
+    if summary is None:
+        return
     try:
-        summary = summarize(info.dir)
         target = info.dir / FOLDER / SUMMARY_FILE
         tmp = target.with_name(f".{SUMMARY_FILE}.tmp")
         tmp.write_text(json.dumps(summary, indent=1))
         os.replace(tmp, target)
-    except Exception:
+    except (OSError, TypeError, ValueError):  # a full or read-only disk: the records stay, `fabric goodput` reads them
         pass
+
+
+def summary_or_none(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """:func:`summarize`, or ``None`` where the ledger cannot be summarised: for callers to whom a report is a
+    courtesy (the end of a run, the chaos harness), never a reason to fail."""
+    try:
+        return summarize(run_dir)
+    except Exception:  # a ledger cut short by a crash may fail the arithmetic anywhere: no summary, the caller goes on
+        return None
 
 
 def metrics(summary: dict[str, Any]) -> dict[str, float]:
@@ -309,4 +320,4 @@ def metrics(summary: dict[str, Any]) -> dict[str, float]:
     return values
 
 
-__all__ = ["GoodputReportError", "draw", "format_table", "load_attempts", "metrics", "summarize", "young_daly"]
+__all__ = ["GoodputReportError", "draw", "format_table", "load_attempts", "metrics", "summarize", "summary_or_none", "young_daly"]

@@ -334,7 +334,7 @@ def _write(text: str) -> None:
     try:
         sys.stderr.write(text)
         sys.stderr.flush()
-    except Exception:
+    except (OSError, ValueError, AttributeError):  # a closed or broken stderr, or none
         pass
 
 
@@ -343,7 +343,7 @@ def _dump_stacks(rank: int, why: str) -> None:
     try:
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         sys.stderr.flush()
-    except Exception:
+    except (OSError, ValueError, RuntimeError, AttributeError):  # no usable stderr (closed, none, no fileno)
         pass
 
 

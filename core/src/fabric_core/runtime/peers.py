@@ -50,7 +50,7 @@ class Peers:
                 address, int(port), None, False, timedelta(seconds=REQUEST_TIMEOUT_S), wait_for_workers=False
             )
             prefixed = dist.PrefixStore(f"fabric/monitor/{job}/{restart}/", store)
-        except Exception:
+        except (RuntimeError, OSError, ValueError):  # no store there (DistNetworkError, DistStoreError), a bad port
             return None
         return cls(prefixed, rank, world_size)
 
@@ -60,7 +60,7 @@ class Peers:
             return None
         try:
             return getattr(self.store, method)(*args)
-        except Exception:
+        except (RuntimeError, OSError):  # DistStoreError, DistNetworkError
             self.failed = True  # the store's host is gone (or stopped): go on alone
             return None
 

@@ -253,10 +253,7 @@ def run_chaos(
     report = ChaosReport([asdict(f) for f in faults], chaos, reference)
     for run in (reference, chaos):
         if run is not None:
-            try:
-                run.summary = goodput_report.summarize(Path(run.folder) / "run")
-            except Exception:
-                run.summary = None
+            run.summary = goodput_report.summary_or_none(Path(run.folder) / "run")
     checks = report.checks
     checks["finished"] = (chaos.exit_code == 0, f"exit code {chaos.exit_code} (log: {out / 'chaos.log'})")
     if reference is not None:

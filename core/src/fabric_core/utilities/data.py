@@ -467,6 +467,17 @@ def _same_value(a: Any, b: Any) -> bool:
     return a is b or (type(a) in (bool, int, float, str, type(None)) and type(a) is type(b) and a == b)
 
 
+_UNREADABLE = object()
+
+
+def _attribute(obj: object, name: str) -> Any:
+    """``obj.name``, or ``_UNREADABLE`` where there is none or reading it raises."""
+    try:
+        return getattr(obj, name)
+    except Exception:  # a user's property may raise anything: the argument is taken as not recoverable
+        return _UNREADABLE
+
+
 def _arguments_from_attributes(
     obj: object, signature: inspect.Signature, base: type
 ) -> tuple[inspect.BoundArguments, list[str]]:
@@ -479,9 +490,8 @@ def _arguments_from_attributes(
     for param in signature.parameters.values():
         if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
             continue
-        try:
-            value = getattr(obj, param.name)
-        except Exception:  # a user's property may raise anything: the argument is taken as not recoverable
+        value = _attribute(obj, param.name)
+        if value is _UNREADABLE:
             if param.default is inspect.Parameter.empty:
                 missing.append(param.name)
             continue
@@ -496,9 +506,8 @@ def _arguments_from_attributes(
                 inspect.Parameter.VAR_KEYWORD,
             ):
                 continue
-            try:
-                value = getattr(obj, param.name)
-            except Exception:  # a user's property may raise anything: this argument is not recovered
+            value = _attribute(obj, param.name)
+            if value is _UNREADABLE:
                 continue
             if param.default is inspect.Parameter.empty or not _same_value(value, param.default):
                 extra[param.name] = value
