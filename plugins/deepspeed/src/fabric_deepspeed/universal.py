@@ -41,6 +41,7 @@ import torch
 from torch.nn import Module
 
 from fabric_core.io import FormatContext
+from fabric_core.utilities import guarded
 
 __all__ = [
     "ReshardError",
@@ -237,10 +238,9 @@ def _convert_per_node(path: Path, tag: str, context: FormatContext) -> tuple[Pat
     error: str | None = None
     if converts:
         own = Path(tempfile.mkdtemp(prefix="fabric-deepspeed-universal-"))
-        try:
-            convert_to_universal(path, tag, own)
-        except Exception as err:  # reported on every rank below, so none waits for the others
-            error = f"{type(err).__name__}: {err}"
+        _, failure = guarded(convert_to_universal, path, tag, own)  # reported on every rank below, so none waits
+        if failure is not None:
+            error = f"{type(failure).__name__}: {failure}"
     node = topology.node_rank if topology is not None else None
     entries = context.coordinator.all_gather_object({"node": node, "folder": str(own) if own else None, "error": error})
     failed = [(i, e["error"]) for i, e in enumerate(entries) if e["error"]]
@@ -286,15 +286,16 @@ def load_resharded(
         created, folder, universal_tag = None, path, converted
     else:
         (created, folder), universal_tag = _convert_per_node(path, tag, context), tag
-    error: Exception | None = None
-    client_state: dict[str, Any] = {}
-    try:
+
+    def load() -> dict[str, Any]:
         loaded, client_state = _load_universal(engine, folder, universal_tag, strict)
         if loaded is None:
             raise ReshardError(f"DeepSpeed did not load the converted checkpoint of {str(path)!r}.")
         _load_not_stepped(engine.module, _not_stepped_state(path, tag, engine.module))
-    except Exception as err:
-        error = err
+        return client_state
+
+    # any failure of this rank must reach the vote below (raised here, the other ranks would wait at it)
+    client_state, error = guarded(load)
     ok = context.coordinator.reduce_boolean_decision(error is None, all=True)
     if created is not None:
         shutil.rmtree(created, ignore_errors=True)
