@@ -57,7 +57,12 @@ def _step(fabric, model, optimizer, x) -> None:
 def steps(out: Path, state_mib: float, batch: int, n: int, reps: int) -> None:
     from fabric_core import Fabric
 
-    fabric = Fabric() if os.environ.get("FABRIC_CLI_USED") else Fabric(accelerator="cpu", devices=1)
+    if os.environ.get("FABRIC_CLI_USED"):
+        fabric = Fabric()
+    elif "LOCAL_RANK" in os.environ:  # torchrun: one rank of a ddp job
+        fabric = Fabric(accelerator="cpu", strategy="ddp", devices=int(os.environ["WORLD_SIZE"]))
+    else:
+        fabric = Fabric(accelerator="cpu", devices=1)
     model, width = build(state_mib)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     model, optimizer = fabric.setup(model, optimizer)
@@ -79,7 +84,9 @@ def steps(out: Path, state_mib: float, batch: int, n: int, reps: int) -> None:
 
     for _ in range(2):  # warm-up: allocator, first AdamW step (its states appear)
         timed(1)
-    memory = fabric.checkpoint_tiers(memory_every=1, memory_keep_last=1, disk=None, peer_copies=False, preemption=False)
+    memory = fabric.checkpoint_tiers(
+        memory_every=1, memory_keep_last=1, disk=None, peer_copies=False, preemption=False
+    )
     disk_dir = out / f"ckpts-{fabric.global_rank}"
     result: dict = {"state_mib": state_mib_of(model), "world_size": fabric.world_size, "snapshot": {"off": [], "memory": []},
                     "inflight": {"none": [], "thread": [], "process": []}, "save_call_s": {"thread": [], "process": []},
@@ -91,7 +98,7 @@ def steps(out: Path, state_mib: float, batch: int, n: int, reps: int) -> None:
     timed(2, snapshot)  # first snapshots allocate their shared memory
     memory.wait()
     for rep in range(reps):
-        for variant in (("off", "memory") if rep % 2 == 0 else ("memory", "off")):
+        for variant in ("off", "memory") if rep % 2 == 0 else ("memory", "off"):
             if variant == "memory":
                 times = timed(n, snapshot)
                 result["snapshot_call_s"].append(memory.stats.get("last_snapshot_call_s"))
@@ -99,15 +106,34 @@ def steps(out: Path, state_mib: float, batch: int, n: int, reps: int) -> None:
                 times = timed(n)
             memory.wait()
             result["snapshot"][variant].extend(times[1:])
-    memory.close(finished=True)
-    process = fabric.checkpoint_tiers(memory_every=None, disk=str(out / "tiers" / "step-*.ckpt"), disk_every=1, disk_keep_last=1, preemption=False)
+    # not `finished`: that ends the node's keeper, and the tiers below would register with it while it exits
+    memory.close(finished=False)
+    process = fabric.checkpoint_tiers(
+        memory_every=None,
+        disk=str(out / "tiers" / "step-*.ckpt"),
+        disk_every=1,
+        disk_keep_last=1,
+        preemption=False,
+    )
 
     # one save of the whole state in flight: today's thread-based async_save vs the keeper's process
     def thread_save(s: int):
         return fabric.save(disk_dir / "step.ckpt", state, async_save=True)
 
-    def process_save(s: int):
-        return process.save(s, state).handles["disk"]
+    class _ProcessSave:
+        """The disk tier's handle is done once the keeper wrote the file; waiting finishes the snapshot first (it is
+        copied while the next steps run: the disk handle alone would wait for a step that never comes)."""
+
+        def __init__(self, s: int) -> None:
+            self.save = process.save(s, state)
+
+        def done(self) -> bool:
+            return self.save.handles["disk"].done()
+
+        def wait(self) -> None:
+            self.save.wait()
+
+    process_save = _ProcessSave
 
     savers = {"thread": thread_save, "process": process_save}
     for save in savers.values():  # warm-up: snapshot buffers, the keeper's first torch import
@@ -123,8 +149,15 @@ def steps(out: Path, state_mib: float, batch: int, n: int, reps: int) -> None:
             handle = savers[variant](step)
             result["save_call_s"][variant].append(time.perf_counter() - started)
             flying = []
-            while not handle.done() and len(flying) < 3 * n:
-                flying.extend(timed(1))
+            if fabric.world_size == 1:
+                while not handle.done() and len(flying) < 3 * n:
+                    flying.extend(timed(1))
+            else:  # every rank takes the same steps (ddp); rank 0 (which writes) keeps those its save overlapped
+                for _ in range(n):
+                    busy = not handle.done()
+                    took = timed(1)
+                    if busy:
+                        flying.extend(took)
             handle.wait()
             result["save_total_s"][variant].append(time.perf_counter() - started)
             result["steps_in_flight"][variant].append(len(flying))
@@ -193,7 +226,15 @@ def compile_first_step(out: Path, cache_dir: str, artifacts: str, mode: str) -> 
     optimizer.step()
     first = time.perf_counter() - started
     stored = compile_cache.store(Path(artifacts), 0) if mode == "cold" else 0
-    emit({"mode": mode, "first_step_s": first, "restore_s": restore_s, "restored": restored, "artifact_bytes": stored})
+    emit(
+        {
+            "mode": mode,
+            "first_step_s": first,
+            "restore_s": restore_s,
+            "restored": restored,
+            "artifact_bytes": stored,
+        }
+    )
 
 
 # ------------------------------------------------------------------------------------------------------ recover
@@ -229,7 +270,17 @@ def recover(out: Path) -> None:
     marks["loaded"] = time.time()
     attempt = 0 if latest is None else 1
     with open(out / f"reload-{attempt}", "a") as f:
-        f.write(json.dumps({"rank": fabric.global_rank, "node": node, "load_s": load_s, "source": (tiers.recovery or {}).get("source") if tiers else latest}) + "\n")
+        f.write(
+            json.dumps(
+                {
+                    "rank": fabric.global_rank,
+                    "node": node,
+                    "load_s": load_s,
+                    "source": (tiers.recovery or {}).get("source") if tiers else latest,
+                }
+            )
+            + "\n"
+        )
     x = torch.randn(8, width)
     goal = kill_at if attempt == 0 else state["step"] + after
     while state["step"] < goal:
@@ -246,14 +297,18 @@ def recover(out: Path) -> None:
             fabric.save(str(series).replace("*", f"{kill_at:09d}"), state)
         fabric.barrier()
         (out / "pids").mkdir(exist_ok=True)
-        (out / "pids" / f"{node}-{fabric.local_rank}.json").write_text(json.dumps({"pid": os.getpid(), "keeper": tiers.keeper_pid if tiers else None, "node": node}))
+        (out / "pids" / f"{node}-{fabric.local_rank}.json").write_text(
+            json.dumps({"pid": os.getpid(), "keeper": tiers.keeper_pid if tiers else None, "node": node})
+        )
         if node == os.environ["TB_VICTIM"]:
             time.sleep(3600)
         fabric.barrier()  # fails when the victims die
         time.sleep(3600)
     if fabric.global_rank == 0:
         with open(out / f"timeline-{attempt}.jsonl", "a") as f:
-            f.write(json.dumps({**marks, "latest": latest, "recovery": tiers.recovery if tiers else None}) + "\n")
+            f.write(
+                json.dumps({**marks, "latest": latest, "recovery": tiers.recovery if tiers else None}) + "\n"
+            )
     if tiers is not None:
         tiers.close(finished=True)
 

@@ -28,7 +28,7 @@ from benchmarks.section import RenderContext, discover  # noqa: E402
 
 SECTIONS = {s.name: s for s in discover()}
 #: Sections whose tiny run starts 2-process torch.distributed jobs.
-MULTIPROCESS = {"ddp", "fsdp", "model_parallel", "deepspeed", "fsdp_checkpoint", "ray", "ft", "pipeline", "elastic", "goodput"}
+MULTIPROCESS = {"ddp", "fsdp", "model_parallel", "deepspeed", "fsdp_checkpoint", "ray", "ft", "pipeline", "elastic", "goodput", "tiers"}
 
 
 def _positive(stat: dict) -> bool:
@@ -111,6 +111,23 @@ def check_pipeline(p: dict) -> None:
     assert 0 < pipeline["parameters"] < single["parameters"]  # each pipeline rank holds part of the model
 
 
+def check_tiers(t: dict) -> None:
+    steps = t["steps"]
+    assert set(steps["step_s"]) == {"off", "memory"} and all(_positive(v) for v in steps["step_s"].values())
+    assert set(steps["inflight_step_s"]) == {"none", "thread", "process"}
+    assert all(_positive(v) for v in steps["save_total_s"].values())
+    recovery = t["recovery"]["2"]
+    memory, disk = recovery["memory"]["runs"][0], recovery["disk-cold"]["runs"][0]
+    kill_at = t["config"]["kill_at"]
+    # the restart resumed from the memory snapshot of the kill's step; the wiped node's ranks fetched their peer copies
+    assert memory["resumed_from"] == f"mem://step-{kill_at:09d}", memory
+    assert any("fetched" in source for source in memory["sources"]), memory["sources"]
+    assert disk["resumed_from"].endswith(f"step-{kill_at:09d}.ckpt"), disk
+    assert disk["evicted"] and all(e["bytes"] > 0 for e in disk["evicted"])
+    for run in (memory, disk):
+        assert run["kill_to_step_s"] > 0 and all(v >= 0 for v in run["phases_s"].values()), run
+
+
 CHECKS: dict[str, Callable[[dict], None]] = {
     "import": check_import,
     "steps": check_steps,
@@ -120,6 +137,7 @@ CHECKS: dict[str, Callable[[dict], None]] = {
     "deepspeed": check_deepspeed,
     "fsdp_checkpoint": check_fsdp_checkpoint,
     "pipeline": check_pipeline,
+    "tiers": check_tiers,
 }
 
 
