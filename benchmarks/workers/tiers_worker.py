@@ -61,6 +61,7 @@ def steps(out: Path, state_mib: float, batch: int, n: int, reps: int) -> None:
         fabric = Fabric()
     elif "LOCAL_RANK" in os.environ:  # torchrun: one rank of a ddp job
         fabric = Fabric(accelerator="cpu", strategy="ddp", devices=int(os.environ["WORLD_SIZE"]))
+        fabric.launch()
     else:
         fabric = Fabric(accelerator="cpu", devices=1)
     model, width = build(state_mib)
