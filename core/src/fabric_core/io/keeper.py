@@ -61,13 +61,12 @@ def send_message(sock: socket.socket, header: dict[str, Any], files: list[tuple[
     raw = json.dumps(header).encode()
     sock.sendall(_HEADER.pack(len(raw)) + raw)
     for path, size in files:
+        # socket.sendfile, not os.sendfile: a socket with a timeout is non-blocking underneath, and os.sendfile gives
+        # EAGAIN as soon as the send buffer is full (a snapshot of more than a few MiB); socket.sendfile waits for room
         with open(path, "rb") as f:
-            sent = 0
-            while sent < size:
-                n = os.sendfile(sock.fileno(), f.fileno(), sent, size - sent)
-                if n == 0:
-                    raise ConnectionError(f"{path} ended after {sent} of {size} bytes")
-                sent += n
+            sent = sock.sendfile(f, 0, size)
+        if sent != size:
+            raise ConnectionError(f"{path} ended after {sent} of {size} bytes")
 
 
 def recv_exact(sock: socket.socket, size: int) -> bytes:
