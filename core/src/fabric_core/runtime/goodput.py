@@ -111,7 +111,7 @@ class Ledger:
         self.redo_until = -1  # steps below this number were computed by an earlier attempt already
         self.step_as: str | None = None  # the category the step that is ending counts as (count_step_as)
         self.resumed_from: int | None = None
-        self.recent: deque[float] = deque(maxlen=RECENT_STEPS)  # filled by the monitor thread from the chunks
+        self.recent: deque[float] = deque(maxlen=RECENT_STEPS)  # filled as each chunk is handed to the monitor thread
         self.every = chunk_steps(world_size)
         self.chunk: list[tuple[float, float, float]] = []
         self.saves: list[tuple[float, int]] = []  # (seconds blocked, step) of every save
@@ -150,7 +150,7 @@ class Ledger:
             "global_step": self.global_step,
             "resumed_from": self.resumed_from,
             "redo_until": self.redo_until,
-            "step_time_median": median(self.recent),
+            "step_time_median": median([*self.recent, *(mark[2] for mark in self.chunk)]),
             "saves": [{"seconds": s, "step": step} for s, step in self.saves],
             "waiting_by_rank": {str(r): s for r, s in self.waiting_by_rank.items()},
             "stragglers": list(self.stragglers),
@@ -284,6 +284,7 @@ def on_step() -> None:
         chunk = ledger.chunk
         chunk.append(((forward or now) - previous, (backward or now) - previous, took))
         if (step + 1) % ledger.every == 0:
+            ledger.recent.extend(mark[2] for mark in chunk)  # here, not in the monitor: a record written next has them
             if ready.qsize() < 1024:  # (a monitor thread that stopped must not make it grow without end)
                 ready.put((ledger, step // ledger.every, chunk))  # wakes the monitor thread, which publishes it
             ledger.chunk = []

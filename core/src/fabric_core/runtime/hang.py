@@ -248,6 +248,10 @@ def start_watchdog(
     atexit.register(stop_watchdog)  # the script is done: waiting for the other ranks at exit is not a hang
 
 
+#: Put on the monitor thread's queue to wake it (an owner no ledger is: never taken for a chunk of step marks).
+_WAKE = (object(), -1, [])
+
+
 def stop_watchdog() -> None:
     """The job is ending (a launcher is stopping the ranks, or the script is done): no more hang reports."""
     global watching
@@ -256,6 +260,7 @@ def stop_watchdog() -> None:
     if watchdog is not None:
         watchdog.stopped = True
         faulthandler.cancel_dump_traceback_later()
+        goodput.ready.put(_WAKE)  # at once, not at its next interval: a script's exit is not kept waiting
         if watchdog.is_alive() and watchdog is not threading.current_thread():
             watchdog.join(timeout=2.0)  # its store client must be gone before the process group is destroyed
 
@@ -405,10 +410,7 @@ class _Watchdog(threading.Thread):
             self.seen_beats = goodput.beats
             report_progress()
         ledger = goodput.current()
-        chunks = [(index, marks) for owner, index, marks in chunks if owner is ledger]
-        if ledger is not None:
-            for _, marks in chunks:
-                ledger.recent.extend(mark[2] for mark in marks)  # the step times the limits are taken from
+        chunks = [(index, marks) for owner, index, marks in chunks if owner is ledger]  # (their times are in ledger.recent)
         if self.peers is None and self.reconnect and self.world_size > 1 and self.job is not None:
             self.reconnect = False
             self.peers = Peers.connect(self.job, self.restart, self.rank, self.world_size)
