@@ -1,7 +1,9 @@
-"""fabric-ft: ``strategy="ft_ddp"``, fault-tolerant data parallelism over replica groups with torchft.
+"""fabric-ft: fault tolerance as an axis. Replica groups coordinated by torchft around the strategy inside each group
+(``ft_ddp``: one process per group; ``ft_fsdp``: FSDP2 inside, HSDP; ``FaultTolerant(name, ...)`` for any other), every
+step synchronous or semi-synchronous (LocalSGD, DiLoCo).
 
-Importing this package is cheap; the strategy lives in :mod:`fabric_ft.strategy` and is imported when the name is
-first resolved or the class is touched here.
+Importing this package is cheap; the strategies live in :mod:`fabric_ft.strategy` and are imported when a name is
+first resolved or a class is touched here.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ from typing import TYPE_CHECKING
 from fabric_core.utilities import lazy_exports
 
 if TYPE_CHECKING:
-    from fabric_ft.strategy import FTDDPStrategy
+    from fabric_ft.strategy import FaultTolerant, FTDDPStrategy
 
-__all__ = ["FTDDPStrategy"]
+__all__ = ["FTDDPStrategy", "FaultTolerant"]
 
-__getattr__, __dir__ = lazy_exports(__name__, "fabric-ft", {"FTDDPStrategy": "fabric_ft.strategy"})
+__getattr__, __dir__ = lazy_exports(
+    __name__, "fabric-ft", {"FTDDPStrategy": "fabric_ft.strategy", "FaultTolerant": "fabric_ft.strategy"}
+)

@@ -13,15 +13,33 @@ from fabric_core.plugins import hookimpl
 if TYPE_CHECKING:
     from fabric_core.plugins import Registrar
 
-_STRATEGY = "fabric_ft.strategy:FTDDPStrategy"
+_ONE_PROCESS = "fabric_ft.strategy:FTDDPStrategy"
+_COMPOSED = "fabric_ft.strategy:FaultTolerant"
 
 
 @hookimpl
 def fabric_register_strategies(registrar: Registrar) -> None:
     registrar.add(
         "ft_ddp",
-        _STRATEGY,
-        description="fault-tolerant data parallel over replica groups (torchft): training goes on when a group dies",
+        _ONE_PROCESS,
+        description="fault-tolerant data parallel over replica groups of one process (torchft): training goes on when a"
+        " group dies",
+    )
+    registrar.add(
+        "ft_fsdp",
+        _COMPOSED,
+        description="HSDP with fault-tolerant replicas: FSDP2 inside each replica group, torchft across groups",
+        strategy="fsdp",
+    )
+
+
+@hookimpl
+def fabric_register_launchers(registrar: Registrar) -> None:
+    registrar.add(
+        "ft",
+        "fabric_ft.launcher:ReplicaGroupsLauncher",
+        description="a lighthouse and N replica groups on this machine, a group restarted when it loses a process"
+        " (fabric run --launcher ft --ft-groups N)",
     )
 
 

@@ -1,13 +1,20 @@
-"""One replica group of an ``ft_ddp`` job: a small regression trained with the ordinary Fabric loop.
+"""One process of one replica group: a small regression trained with the ordinary Fabric loop.
 
 ``python ft_train.py OUT STOP [SLEEP]`` with ``TORCHFT_LIGHTHOUSE``, ``REPLICA_GROUP_ID`` and ``NUM_REPLICA_GROUPS``
-set. Every step appends ``{"step", "participants", "committed", "changed", "t"}`` to ``OUT/progress.jsonl``
-(``changed``: ``optimizer.step()`` changed the weights); with ``FT_TEST_STOP_IN_STEP=N`` the group stops inside
-the first step from N on with both groups in its quorum, after joining the quorum and before its gradients'
-allreduce, writes the step to ``OUT/in_step`` and waits to be killed; once the file
-``STOP`` holds a step number and the step counter reached it, the weights go to ``OUT/final.pt`` and the loss over
-the whole data set (with the initial loss and the least-squares optimum) to ``OUT/result.json``; the first group of the last quorum also writes ``OUT/checkpoint.ckpt``
-with ``fabric.save``.
+set (by the test, or by ``fabric run --launcher ft``). ``FT_TEST_STRATEGY`` picks the strategy: ``ft_ddp`` (default,
+one process per group), ``ft_fsdp`` (FSDP2 inside the group: HSDP), ``diloco`` / ``local_sgd`` (``ft_ddp`` with that
+semi-synchronous method, ``FT_TEST_SYNC_EVERY`` steps apart, default 5). With ``FT_TEST_PER_PROCESS=1`` every
+process writes into ``OUT/g<group>-a<attempt>-r<rank>`` (the launcher restarts groups), else into ``OUT``.
+
+Every step appends ``{"step", "participants", "committed", "changed", "t", "local"}`` to ``progress.jsonl``
+(``changed``: ``optimizer.step()`` changed the weights; ``local``: inner steps since the start of this process); the
+process id is in ``pid``. With ``FT_TEST_STOP_IN_STEP=N`` the group stops inside the first step from N on with both
+groups in its quorum, after joining the quorum and before its gradients' allreduce, writes the step to ``in_step``
+and waits to be killed. Once the file ``STOP`` holds a step number and torchft's step counter reached it, the full
+weights go to ``final.pt`` and the loss over the whole data set (with the initial loss and the least-squares optimum)
+to ``result.json``; the first group of the last quorum also writes ``OUT/checkpoint-g<group>.ckpt`` with
+``fabric.save`` (every process of a group writes the same path: a sharded checkpoint is written by all of them).
+``PL_GLOBAL_SEED`` (default 0) seeds the data order (the uninterrupted runs DiLoCo is compared with vary it).
 """
 
 from __future__ import annotations
@@ -23,14 +30,35 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fabric_core import Fabric
-from fabric_ft import FTDDPStrategy
+from fabric_ft import FaultTolerant, FTDDPStrategy
+
+
+def _strategy(kind: str):
+    if kind == "ft_fsdp":
+        return FaultTolerant("fsdp", hostname="127.0.0.1")
+    if kind in ("diloco", "local_sgd"):
+        every = int(os.environ.get("FT_TEST_SYNC_EVERY", "5"))
+        outer = (lambda params: torch.optim.SGD(params, lr=0.7, momentum=0.5)) if kind == "diloco" else None
+        return FTDDPStrategy(hostname="127.0.0.1", semi_sync=kind, sync_every=every, outer_optimizer=outer)
+    return FTDDPStrategy(hostname="127.0.0.1")
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    full = getattr(tensor, "full_tensor", None)
+    return (full() if callable(full) else tensor).detach().cpu().clone()
 
 
 def main(out: Path, stop: Path, sleep: float) -> None:
-    out.mkdir(parents=True, exist_ok=True)
+    kind = os.environ.get("FT_TEST_STRATEGY", "ft_ddp")
     # FT_TEST_ACCELERATOR=cuda: the GPU lane's run (ProcessGroupNCCL between the groups)
     accelerator = os.environ.get("FT_TEST_ACCELERATOR", "cpu")
-    fabric = Fabric(accelerator=accelerator, devices=1, strategy=FTDDPStrategy(hostname="127.0.0.1"))
+    fabric = Fabric(accelerator=accelerator, strategy=_strategy(kind))
+    base = out
+    if os.environ.get("FT_TEST_PER_PROCESS") == "1":
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        out = out / f"g{fabric.strategy.replica_group}-a{attempt}-r{fabric.global_rank}"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "pid").write_text(str(os.getpid()))
     torch.manual_seed(0)  # the same data and the same initial weights in every group
     x = torch.randn(512, 8)
     y = x @ torch.randn(8, 1) + 0.1 * torch.randn(512, 1)
@@ -41,7 +69,7 @@ def main(out: Path, stop: Path, sleep: float) -> None:
         optimum = nn.functional.mse_loss(design @ torch.linalg.lstsq(design, y).solution, y).item()
     optimizer = torch.optim.SGD(plain.parameters(), lr=0.05, momentum=0.9)
     model, optimizer = fabric.setup(plain, optimizer)
-    loader = fabric.setup_dataloaders(DataLoader(TensorDataset(x, y), batch_size=16))
+    loader = fabric.setup_dataloaders(DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True))
     manager = fabric.strategy.manager
     log = (out / "progress.jsonl").open("a")
 
@@ -50,11 +78,11 @@ def main(out: Path, stop: Path, sleep: float) -> None:
         return bool(text) and manager.current_step() >= int(text)
 
     stop_in_step = int(os.environ.get("FT_TEST_STOP_IN_STEP", "-1"))
-    epoch = 0
+    epoch, local = 0, 0
     while not stopping():
         loader.sampler.set_epoch(epoch)
         for xb, yb in loader:
-            optimizer.zero_grad()  # joins the step's quorum
+            optimizer.zero_grad()  # joins the step's quorum (synchronous)
             loss = nn.functional.mse_loss(model(xb), yb)
             # the other group waits in this step's allreduce for this one (a group that joined late, healing from the
             # other, starts past step 0: the first step at or after N with both groups)
@@ -62,24 +90,27 @@ def main(out: Path, stop: Path, sleep: float) -> None:
                 (out / "in_step").write_text(str(manager.current_step()))
                 time.sleep(3600)
             fabric.backward(loss)
-            before = [p.detach().clone() for p in plain.parameters()]
+            before = [_full(p) for p in plain.parameters()]
             optimizer.step()
-            changed = any(not torch.equal(a, p) for a, p in zip(before, plain.parameters()))
+            local += 1
+            changed = any(not torch.equal(a, _full(p)) for a, p in zip(before, plain.parameters()))
+            committed = getattr(optimizer, "committed", None)
             record = {"step": manager.current_step(), "participants": manager.num_participants(),
-                      "committed": optimizer.committed, "changed": changed, "t": time.time()}  # fmt: skip
+                      "committed": committed, "changed": changed, "t": time.time(), "local": local}  # fmt: skip
             log.write(json.dumps(record) + "\n")
             log.flush()
             if stopping():
                 break
             time.sleep(sleep)
         epoch += 1
-    torch.save({k: v.cpu() for k, v in plain.state_dict().items()}, out / "final.pt")
+    weights = {k: _full(v) for k, v in plain.state_dict().items()}
+    torch.save(weights, out / "final.pt")
     with torch.no_grad():
-        final_loss = nn.functional.mse_loss(plain(x.to(fabric.device)), y.to(fabric.device)).item()
+        final_loss = nn.functional.mse_loss(x @ weights["weight"].T + weights["bias"], y).item()
     # An ordinary checkpoint beside the fault tolerance: written by the first group of the quorum only.
-    fabric.save(out / "checkpoint.ckpt", {"model": model, "optimizer": optimizer})
+    fabric.save(base / f"checkpoint-g{fabric.strategy.replica_group}.ckpt", {"model": model, "optimizer": optimizer})
     result = {"loss": final_loss, "initial_loss": initial_loss, "optimum": optimum, "step": manager.current_step(),
-              "device": str(next(plain.parameters()).device), "process_group": type(manager._pg).__name__}
+              "device": str(next(plain.parameters()).device), "process_group": type(manager._pg).__name__}  # fmt: skip
     (out / "result.json").write_text(json.dumps(result))
 
 
