@@ -25,6 +25,7 @@ import threading
 import time
 from typing import Any
 
+from fabric_core.environments import find_free_port
 from fabric_core.launchers import (
     ERROR_FILE_VARIABLE,
     Launcher,
@@ -52,15 +53,6 @@ POLL_S = 0.1
 
 class LaunchError(RuntimeError):
     """The job cannot start (a bad option); the message says why."""
-
-
-def _free_port() -> int:
-    """A port the OS says is free now (each group's rendezvous needs its own; ``STANDALONE_PORT`` would be one)."""
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
 
 
 def _int_option(request: ScriptRequest, name: str, default: int | None, least: int) -> int:
@@ -118,7 +110,9 @@ class _Job:
         unknown = sorted(set(request.options) - set(OPTIONS))
         if unknown:
             names = ", ".join("--ft-" + k.replace("_", "-") for k in unknown)
-            raise LaunchError(f"unknown option(s) {names}; the ft launcher takes {', '.join('--ft-' + k.replace('_', '-') for k in OPTIONS)}.")
+            raise LaunchError(
+                f"unknown option(s) {names}; the ft launcher takes {', '.join('--ft-' + k.replace('_', '-') for k in OPTIONS)}."
+            )
         if request.num_nodes != 1:
             raise LaunchError(
                 "the ft launcher starts every replica group on this machine (--num-nodes 1); on several machines start"
@@ -146,10 +140,12 @@ class _Job:
 
         group.attempt += 1
         request = self.request
-        port = _free_port()
+        port = find_free_port()
         group.processes, group.error_files = [], []
         for local_rank in range(request.processes_per_node):
-            error_file = os.path.join(self._errors, f"group{group.index}-attempt{group.attempt}-rank{local_rank}.json")
+            error_file = os.path.join(
+                self._errors, f"group{group.index}-attempt{group.attempt}-rank{local_rank}.json"
+            )
             env = dict(os.environ)
             env.update(request.process_environment(0, local_rank, "127.0.0.1", port, restart=group.attempt))
             env.update(
@@ -165,10 +161,18 @@ class _Job:
             )
             group.error_files.append(error_file)
             group.processes.append(
-                subprocess.Popen(self._command(), env=env, preexec_fn=parent_death_signal(), **new_process_group())
+                subprocess.Popen(
+                    self._command(), env=env, preexec_fn=parent_death_signal(), **new_process_group()
+                )
             )
-        what = "started" if group.attempt == 0 else f"restarted (restart {group.attempt} of {request.max_restarts})"
-        print(f"[fabric-ft] replica group {group.index} {what}: {len(group.processes)} process(es)", flush=True)
+        what = (
+            "started"
+            if group.attempt == 0
+            else f"restarted (restart {group.attempt} of {request.max_restarts})"
+        )
+        print(
+            f"[fabric-ft] replica group {group.index} {what}: {len(group.processes)} process(es)", flush=True
+        )
 
     def _check(self, group: _Group) -> None:
         """A failed process ends its group; the group starts again while it has restarts left."""
@@ -197,7 +201,10 @@ class _Job:
         else:
             group.done = True
             group.failed = failures
-            print(f"[fabric-ft] replica group {group.index} failed and has no restart left; the others go on", flush=True)
+            print(
+                f"[fabric-ft] replica group {group.index} failed and has no restart left; the others go on",
+                flush=True,
+            )
 
     # ------------------------------------------------------------------------------------------ the job
     def _start_lighthouse(self) -> None:
@@ -205,7 +212,7 @@ class _Job:
             return
         from torchft._torchft import LighthouseServer
 
-        port = _free_port()
+        port = find_free_port()
         self._lighthouse = LighthouseServer(
             bind=f"127.0.0.1:{port}",
             min_replicas=self.min_replicas,
@@ -213,13 +220,19 @@ class _Job:
             heartbeat_timeout_ms=self.heartbeat_timeout_ms,
         )
         self.lighthouse_address = f"http://127.0.0.1:{port}"
-        print(f"[fabric-ft] lighthouse at {self.lighthouse_address} (status: {self.lighthouse_address}/status)", flush=True)
+        print(
+            f"[fabric-ft] lighthouse at {self.lighthouse_address} (status: {self.lighthouse_address}/status)",
+            flush=True,
+        )
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._signal = signum
         self._stop.set()
 
     def run(self) -> int:
+        # Every group needs a rendezvous port of its own (and the lighthouse one more): a fixed STANDALONE_PORT, which
+        # `find_free_port` would hand out each time, cannot serve them.
+        os.environ.pop("STANDALONE_PORT", None)
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             self._start_lighthouse()
@@ -237,7 +250,7 @@ class _Job:
                 signal.signal(s, handler)
             _remove_tree(self._errors)
         if self._signal is not None:
-            return 128 + self._signal
+            return exit_status(-self._signal)
         failures = [f for g in self.groups for f in g.failed]
         return job_exit_code(failures) if failures else 0
 
@@ -246,4 +259,3 @@ def _remove_tree(folder: str) -> None:
     import shutil
 
     shutil.rmtree(folder, ignore_errors=True)
-

@@ -56,15 +56,13 @@ __all__ = ["FTDDPStrategy", "FaultTolerant"]
 _NO_QUORUM_YET = object()
 
 
-def _env_int(name: str, value: int | None) -> int | None:
-    return value if value is not None else env_int(name, None)
-
-
 def _inner_class(strategy: str | type) -> tuple[type, dict[str, Any], str]:
     """The class of the strategy inside each group, the keyword arguments its registered name adds, and a label."""
     if isinstance(strategy, type):
         if not issubclass(strategy, Strategy):
-            raise TypeError(f"`FaultTolerant(strategy=...)` takes a strategy name or class, got {strategy!r}.")
+            raise TypeError(
+                f"`FaultTolerant(strategy=...)` takes a strategy name or class, got {strategy!r}."
+            )
         return strategy, {}, strategy.__name__
     if not isinstance(strategy, str):
         raise TypeError(
@@ -80,7 +78,9 @@ def _inner_class(strategy: str | type) -> tuple[type, dict[str, Any], str]:
         raise ValueError(registry.unknown_name_message("strategy", strategy))
     cls = entry.load()
     if issubclass(cls, FaultTolerant):
-        raise ValueError(f"`FaultTolerant({strategy!r})`: {strategy!r} is fault-tolerant already; name the strategy inside.")
+        raise ValueError(
+            f"`FaultTolerant({strategy!r})`: {strategy!r} is fault-tolerant already; name the strategy inside."
+        )
     return cls, dict(entry.init_kwargs), entry.name
 
 
@@ -166,8 +166,14 @@ class FaultTolerant(Strategy):
         super().__init__(**strategy_kwargs)
         self.inner_strategy = label
         self.lighthouse = lighthouse or os.environ.get(LIGHTHOUSE_VARIABLE) or None
-        self.replica_group = _env_int(REPLICA_GROUP_VARIABLE, replica_group)
-        self.num_replica_groups = _env_int(NUM_REPLICA_GROUPS_VARIABLE, num_replica_groups)
+        self.replica_group = (
+            replica_group if replica_group is not None else env_int(REPLICA_GROUP_VARIABLE, None)
+        )
+        self.num_replica_groups = (
+            num_replica_groups
+            if num_replica_groups is not None
+            else env_int(NUM_REPLICA_GROUPS_VARIABLE, None)
+        )
         if min_replicas < 1:
             raise ValueError(f"`min_replicas={min_replicas}` must be at least 1.")
         self.min_replicas = min_replicas
@@ -181,9 +187,13 @@ class FaultTolerant(Strategy):
             )
         if semi_sync is not None:
             if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
-                raise ValueError(f"`semi_sync={semi_sync!r}` needs `sync_every`, a positive number of steps, got {sync_every!r}.")
+                raise ValueError(
+                    f"`semi_sync={semi_sync!r}` needs `sync_every`, a positive number of steps, got {sync_every!r}."
+                )
             if outer_optimizer is not None and semi_sync != "diloco":
-                raise ValueError("`outer_optimizer` is DiLoCo's: it has no meaning for `semi_sync='local_sgd'`.")
+                raise ValueError(
+                    "`outer_optimizer` is DiLoCo's: it has no meaning for `semi_sync='local_sgd'`."
+                )
         self.semi_sync = semi_sync
         self.sync_every = sync_every
         self.outer_optimizer = outer_optimizer
@@ -205,7 +215,11 @@ class FaultTolerant(Strategy):
     def __reduce__(self) -> Any:
         cls = type(self)
         if cls in _COMPOSED.values():
-            inner = next(base for base in cls.__mro__[1:] if base is not FaultTolerant and not issubclass(base, FaultTolerant))
+            inner = next(
+                base
+                for base in cls.__mro__[1:]
+                if base is not FaultTolerant and not issubclass(base, FaultTolerant)
+            )
             return _rebuild, (inner, self.__dict__)
         return object.__reduce_ex__(self, 2)
 
@@ -213,14 +227,20 @@ class FaultTolerant(Strategy):
     def _check_configuration(self) -> None:
         missing = []
         if not self.lighthouse:
-            missing.append(f"the lighthouse address (`lighthouse=` or ${LIGHTHOUSE_VARIABLE}, e.g. http://host:29510)")
+            missing.append(
+                f"the lighthouse address (`lighthouse=` or ${LIGHTHOUSE_VARIABLE}, e.g. http://host:29510)"
+            )
         if self.replica_group is None:
             missing.append(f"this process's replica group (`replica_group=` or ${REPLICA_GROUP_VARIABLE})")
         if self.num_replica_groups is None:
-            missing.append(f"the number of replica groups (`num_replica_groups=` or ${NUM_REPLICA_GROUPS_VARIABLE})")
+            missing.append(
+                f"the number of replica groups (`num_replica_groups=` or ${NUM_REPLICA_GROUPS_VARIABLE})"
+            )
         if missing:
             raise ValueError(
-                f"`strategy={self._name()!r}` needs " + "; ".join(missing) + ". Start a lighthouse and one job per"
+                f"`strategy={self._name()!r}` needs "
+                + "; ".join(missing)
+                + ". Start a lighthouse and one job per"
                 " replica group (`fabric run --launcher ft --ft-groups N ...` does both on one machine), or set them"
                 " yourself; see plugins/ft/README.md."
             )
@@ -339,7 +359,14 @@ class FaultTolerant(Strategy):
             live: dict[str, Any] = {}
         else:
             live = {"live_size": self._participants, "live_coordinate": self._quorum_rank}
-        axis = Axis(AXIS_NAME, self.num_replica_groups, self.replica_group, DATA_REPLICATE, fault_tolerant=True, **live)
+        axis = Axis(
+            AXIS_NAME,
+            self.num_replica_groups,
+            self.replica_group,
+            DATA_REPLICATE,
+            fault_tolerant=True,
+            **live,
+        )
         return (axis, *inner)
 
     # ---------------------------------------------------------------------------------------- setup
@@ -350,7 +377,9 @@ class FaultTolerant(Strategy):
         module = super().setup_module(module)
         plain = self.unwrap_module(module)
         self._modules.append(plain)
-        if self.semi_sync != "diloco":  # DiLoCo's rejoining group takes the synchronised weights (see setup_optimizer)
+        if (
+            self.semi_sync != "diloco"
+        ):  # DiLoCo's rejoining group takes the synchronised weights (see setup_optimizer)
             self._register_state(f"module_{self._states}", *state.module_state(plain))
         if self.semi_sync is None:
             module = gradients.average_across_groups(manager, module, plain)
@@ -374,7 +403,9 @@ class FaultTolerant(Strategy):
         if self.semi_sync == "diloco":
             # After DiLoCo's own state (the synchronised weights, the outer optimizer): a rejoining group's model is
             # the synchronised weights, so it brings nothing of its own to the synchronisation it joins at.
-            self._register_state(f"module_{self._states}", *_synchronised_weights(self._semi_sync_algorithm, module))
+            self._register_state(
+                f"module_{self._states}", *_synchronised_weights(self._semi_sync_algorithm, module)
+            )
         semi_sync.join_at_next_sync(self._semi_sync_algorithm, self.sync_every)
         return optimizer
 
@@ -400,7 +431,9 @@ class FaultTolerant(Strategy):
 
     def _note_quorum(self, committed: bool = True) -> None:
         manager = self.manager
-        if manager._quorum_future is None:  # no quorum asked yet (semi-synchronous, before the first synchronisation)
+        if (
+            manager._quorum_future is None
+        ):  # no quorum asked yet (semi-synchronous, before the first synchronisation)
             return
         self._quorum_rank = manager.participating_rank()
         participants = manager.num_participants()
@@ -444,7 +477,9 @@ class FaultTolerant(Strategy):
             return self.replica_group == 0
         return self._quorum_rank == 0
 
-    def save_checkpoint(self, path: Any, state: dict[str, Any], storage_options: Any = None, filter: Any = None, **kwargs: Any) -> None:
+    def save_checkpoint(
+        self, path: Any, state: dict[str, Any], storage_options: Any = None, filter: Any = None, **kwargs: Any
+    ) -> None:
         if self._writes_checkpoints():
             super().save_checkpoint(path, state, storage_options, filter, **kwargs)
 
@@ -554,7 +589,9 @@ def _optimizer_wrapper(manager: Any, optimizer: Optimizer, strategy: FaultTolera
 
         def step(self, closure: Any = None) -> None:
             if closure is not None:
-                raise ValueError("`ft_ddp` cannot step an optimizer with a closure (torchft commits a whole step).")
+                raise ValueError(
+                    "`ft_ddp` cannot step an optimizer with a closure (torchft commits a whole step)."
+                )
             strategy.data.before_commit()
             self.committed = bool(self.manager.should_commit())
             if self.committed:
