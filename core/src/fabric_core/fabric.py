@@ -539,7 +539,11 @@ class Fabric:
             # DistributedSampler and the order of a wrapped sampler are functions of (seed, epoch).
             global_seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
             ordered = utilities.data.global_order_sampler_for(
-                dataloader, seed=global_seed, global_batch_size=global_batch_size, **kwargs
+                dataloader,
+                seed=global_seed,
+                global_batch_size=global_batch_size,
+                cursor=self._strategy.data_cursor(),
+                **kwargs,
             )
             sampler = ordered or utilities.data.distributed_sampler_for(dataloader, seed=global_seed, **kwargs)
             if sampler is not None:

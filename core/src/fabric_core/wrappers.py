@@ -526,8 +526,8 @@ class FabricOptimizer:
             hook = getattr(callback, "on_after_optimizer_step", None)
             if callable(hook):
                 hook(strategy=strategy, optimizer=target)
-        if _ledger.open_ledger is not None:  # FABRIC_SAMPLE_LEDGER: the batches handed out since are trained
-            _ledger.open_ledger.commit()
+        if _ledger.open_ledger is not None:  # FABRIC_SAMPLE_LEDGER: the batches handed out since are trained ...
+            _ledger.open_ledger.settle(strategy.samples_trained())  # ... unless the strategy says otherwise
         if goodput.marking:  # the step is over: the goodput ledger and the hang detector (runtime/goodput.py)
             goodput.on_step()
         return output

@@ -11,16 +11,20 @@ own there (``samples-rank<R>-<host>-<pid>.jsonl``; the first line names the run 
   loaders up), the epoch, the global batch's first and end position, this rank's share of it, the sample indices
   (pads counted apart) and the optimizer steps this process had taken. Processes that share a data-parallel rank
   (tensor, pipeline, sequence peers) train the same samples together: only the first of them (coordinate 0 on every
-  model axis of the topology) writes these;
+  model axis of the topology) writes these. A strategy may say a step did not train its batches
+  (:meth:`~fabric_core.strategies.Strategy.samples_trained`: a fault-tolerant step that was not committed; they are
+  drawn again and recorded then) or not yet (semi-synchronous training: at its next synchronisation), and may add
+  facts, such as ``live_shares``, how many of a global batch's shares were committed;
 * ``resume``: a loader restored from a checkpoint, at an epoch and global position.
 
 Every line is flushed when written (a killed process leaves what it wrote), not forced to disk. The report
 (:func:`report`, ``fabric ledger FOLDER``) replays every file's lines in time order: a ``resume`` at ``(epoch,
-position)`` rolls back what that loader recorded after that point before it (steps trained after the checkpoint that
-a failure undid), so what remains is what the final weights were trained on. Then per loader and epoch: positions
-trained more than once are *duplicated*, positions before the furthest one reached that were never trained are
-*lost*; pads are reported apart. Clocks order the attempts: processes on several machines need clocks that agree
-to well within the time a restart takes (NTP does).
+position)`` rolls back what that loader recorded after that point before it (steps trained after the checkpoint that a
+failure undid), so what remains is what the final weights were trained on. Then per loader and epoch: positions
+trained more than once are *duplicated*, positions before the furthest one reached that were never trained are *lost*;
+pads are reported apart, and so are positions of global batches committed by fewer shares than they were cut into
+(``live_shares`` below ``shares``: a replica group lost in a semi-synchronous window), *dropped*. Clocks order the
+attempts: processes on several machines need clocks that agree to well within the time a restart takes (NTP does).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import os
 import socket
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -112,13 +116,30 @@ class SampleLedger:
             }
         )
 
-    def commit(self) -> None:
-        """An optimizer step: what was handed out since the last one was trained."""
+    def commit(self, **facts: Any) -> None:
+        """An optimizer step: what was handed out since the last one was trained (``facts``, e.g. how many replica
+        groups took part, are added to each record)."""
         self._optimizer_steps += 1
         for record in self._pending:
             record["optimizer_step"] = self._optimizer_steps
+            record.update(facts)
             self._write(record)
         self._pending.clear()
+
+    def discard(self) -> None:
+        """An optimizer step that did not train what was handed out since the last one (it is drawn again)."""
+        self._optimizer_steps += 1
+        self._pending.clear()
+
+    def settle(self, trained: bool | Mapping[str, Any] | None) -> None:
+        """An optimizer step, with the strategy's word on the batches handed out since the last one
+        (:meth:`~fabric_core.strategies.Strategy.samples_trained`): commit, discard, or keep them pending."""
+        if trained is None:
+            self._optimizer_steps += 1
+        elif trained is False:
+            self.discard()
+        else:
+            self.commit(**(dict(trained) if isinstance(trained, Mapping) else {}))
 
     def resumed(self, loader: str, epoch: int, position: int, size: int) -> None:
         """A loader was restored from a checkpoint at ``(epoch, position)``."""
@@ -214,6 +235,9 @@ class EpochReport:
     trained: int = 0
     padding: int = 0
     lost: list[int] = field(default_factory=list)
+    #: positions of global batches committed by fewer shares than they were cut into (a replica group lost in a
+    #: semi-synchronous window: its samples since the last synchronisation count as dropped, not replayed)
+    dropped: list[int] = field(default_factory=list)
     duplicated: dict[int, int] = field(default_factory=dict)
     samples: dict[int, Any] = field(default_factory=dict)
 
@@ -224,6 +248,7 @@ class EpochReport:
             "trained": self.trained,
             "padding": self.padding,
             "lost": self.lost,
+            "dropped": self.dropped,
             "duplicated": {str(p): n for p, n in self.duplicated.items()},
             "duplicated_samples": sorted({str(self.samples.get(p)) for p in self.duplicated}),
         }
@@ -259,9 +284,10 @@ class LedgerReport:
             lines.append(f"{name}: {len(resumes)} resume(s){': ' if resumes else ''}{', '.join(f'epoch {e} at {p}' for e, p in resumes)}")
             for epoch, e in sorted(epochs.items()):
                 state = "complete" if e.reached >= e.size else f"reached {e.reached} of {e.size}"
+                dropped = f", {len(e.dropped)} dropped with a lost replica group" if e.dropped else ""
                 lines.append(
                     f"  epoch {epoch} ({state}): {e.trained} trained, {len(e.lost)} lost, {len(e.duplicated)} duplicated,"
-                    f" {e.padding} pads"
+                    f" {e.padding} pads{dropped}"
                 )
                 if e.lost:
                     lines.append(f"    lost positions: {_ranges(e.lost)}")
@@ -316,7 +342,10 @@ def report(folder: str | os.PathLike) -> LedgerReport:
             size = records[-1]["size"]
             report_ = EpochReport(size=size)
             counts: Counter[int] = Counter()
+            short: set[int] = set()  # positions of global batches committed by fewer shares than they were cut into
             for record in records:
+                if record.get("live_shares", record["shares"]) < record["shares"]:
+                    short.update(range(record["start"], record["end"]))
                 report_.reached = max(report_.reached, record["end"])
                 indices = record["indices"]
                 for i, sample in enumerate(indices):
@@ -327,7 +356,9 @@ def report(folder: str | os.PathLike) -> LedgerReport:
                     counts[position] += 1
                     report_.samples[position] = sample
             report_.trained = len(counts)
-            report_.lost = [p for p in range(report_.reached) if p not in counts]
+            untrained = [p for p in range(report_.reached) if p not in counts]
+            report_.lost = [p for p in untrained if p not in short]
+            report_.dropped = [p for p in untrained if p in short]
             report_.duplicated = {p: n for p, n in counts.items() if n > 1}
             loaders[loader][epoch] = report_
     return LedgerReport(loaders, dict(resumes), rolled_back)

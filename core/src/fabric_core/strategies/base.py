@@ -15,7 +15,7 @@ the user's state, the formats and the crash-safe commit are shared by every stra
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from fabric_core.io.state import Filter
     from fabric_core.launchers.base import Launcher
     from fabric_core.strategies.forward_backward import ForwardBackward
+    from fabric_core.utilities.global_order import DataCursor
 
 __all__ = ["REDUCE_OPS", "BackwardSyncControl", "Binding", "Strategy", "check_reduce_op", "require_precision_type"]
 
@@ -432,6 +433,21 @@ class Strategy(ABC):
         if size <= 1:
             return None
         return {"num_replicas": size, "rank": self.data_parallel_rank}
+
+    def data_cursor(self) -> DataCursor | None:
+        """Where each global batch of a set-up loader starts and its shares, when the strategy decides them
+        (:class:`~fabric_core.utilities.global_order.DataCursor`); ``None`` (the default): the sampler walks the epoch
+        itself with :attr:`distributed_sampler_kwargs`' shares. Asked once per loader by ``fabric.setup_dataloaders``.
+        fabric-ft answers with the position the replica groups committed, so a step that was not committed is drawn
+        again and a restarted group continues from the others' position."""
+        return None
+
+    def samples_trained(self) -> bool | Mapping[str, Any] | None:
+        """After ``optimizer.step()``: whether the batches handed out since the last step were trained (the sample
+        ledger records them then). ``True`` (the default): trained; ``False``: dropped, they will be drawn again (a
+        fault-tolerant step that was not committed); ``None``: not decided yet (semi-synchronous training decides at
+        its next synchronisation); a mapping: trained, with these facts added to the ledger's records of them."""
+        return True
 
     @property
     def backward_sync_control(self) -> BackwardSyncControl | None:

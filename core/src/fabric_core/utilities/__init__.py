@@ -22,9 +22,11 @@ if TYPE_CHECKING:
     from fabric_core.utilities.warnings import disable_possible_user_warnings
 
 __all__ = [
+    "DataCursor",
     "GlobalOrderSampler",
     "MisconfigurationException",
     "RunInfo",
+    "Step",
     "Throughput",
     "ThroughputMonitor",
     "all_gather_object",
@@ -55,7 +57,9 @@ __getattr__, __dir__ = lazy_exports(
     __name__,
     "fabric-core",
     {
+        "DataCursor": "fabric_core.utilities.global_order",
         "GlobalOrderSampler": "fabric_core.utilities.global_order",
+        "Step": "fabric_core.utilities.global_order",
         "RunInfo": "fabric_core.runtime.run",
         "Throughput": "fabric_core.runtime.throughput",
         "ThroughputMonitor": "fabric_core.runtime.throughput",

@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from fabric_core.utilities.global_order import GlobalOrderSampler
+    from fabric_core.utilities.global_order import DataCursor, GlobalOrderSampler
 
 _HINT_NO_SAMPLER = (
     "Alternatively, pass `use_distributed_sampler=False` to `setup_dataloaders` and take care of splitting the data"
@@ -284,7 +284,12 @@ def _loader_batch_size(dataloader: DataLoader) -> tuple[int | None, bool]:
 
 
 def global_order_sampler_for(
-    dataloader: DataLoader, num_replicas: int, rank: int, seed: int = 0, global_batch_size: int | None = None
+    dataloader: DataLoader,
+    num_replicas: int,
+    rank: int,
+    seed: int = 0,
+    global_batch_size: int | None = None,
+    cursor: DataCursor | None = None,
 ) -> GlobalOrderSampler | None:
     """The :class:`~fabric_core.utilities.global_order.GlobalOrderSampler` for ``dataloader``, or ``None`` where the
     order cannot be global (see docs/decisions.md, "Elastic training").
@@ -293,6 +298,8 @@ def global_order_sampler_for(
     dataset, shuffling as the sampler did; any other finite sampler's output is wrapped), for loaders that batch by
     size themselves: a batch sampler of the user's own groups indices its own way, so a step's share would not be one
     batch; such loaders (and iterable datasets, and loaders that already have a ``DistributedSampler``) get ``None``.
+    ``cursor`` (the strategy's :meth:`~fabric_core.strategies.Strategy.data_cursor`) decides where each global batch
+    starts and its shares.
     """
     from fabric_core.utilities.global_order import GlobalOrderSampler, check_global_batch_size
 
@@ -325,6 +332,7 @@ def global_order_sampler_for(
         global_batch_size=global_batch_size,
         drop_last=bool(drop_last),
         wrapped=not plain,
+        cursor=cursor,
     )
 
 

@@ -22,6 +22,10 @@ consumed; a run resumed on ``M`` ranks continues from that position with ``M`` s
 * **Shares from live members** (``membership``): a callable asked once per global batch, returning this process's
   share index and the number of shares *for that batch*; fault-tolerant replica groups (issue 41) pass the quorum.
   With the per-rank batch kept, the global batch then follows the membership batch by batch.
+* **A cursor** (``cursor``, a :class:`DataCursor`): where each global batch starts *and* its shares, asked before
+  every global batch is drawn, and told every batch the loader hands out. Fault-tolerant replica groups keep the
+  position the groups agreed on (a step that was not committed is drawn again; a group that rejoins continues from
+  the others' position) instead of the sampler's own walk.
 
 The sampler is an index sampler (``DataLoader(sampler=...)``), so ``loader.sampler`` stays a ``DistributedSampler``
 with ``set_epoch``; the loader groups each step's share into one batch, which is why a rank's share of every full step
@@ -37,12 +41,20 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterator, Sized
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.utils.data import DistributedSampler, Sampler
 
-__all__ = ["GlobalOrderSampler", "Step", "epoch_positions", "last_step_length", "share_positions", "share_size"]
+__all__ = [
+    "DataCursor",
+    "GlobalOrderSampler",
+    "Step",
+    "epoch_positions",
+    "last_step_length",
+    "share_positions",
+    "share_size",
+]
 
 #: ``membership()`` -> (this process's share index, number of shares), asked once per global batch.
 Membership = Callable[[], tuple[int, int]]
@@ -99,6 +111,22 @@ class Step:
     """How many of :attr:`indices` are pads (repeats of the epoch's first samples)."""
 
 
+class DataCursor(Protocol):
+    """Where the global batches of a pass start, for samplers whose position is decided outside them (fault-tolerant
+    replica groups: the position the groups committed, which a step that was not committed does not move).
+
+    ``plan(epoch, position)`` is asked before each global batch is drawn, with the epoch of the pass and the position
+    the sampler would continue at (the end of the batch it drew last, or where the pass began); it returns
+    ``(start, share, shares)``: where this global batch starts (``start >= size`` ends the pass) and this process's
+    share of it. ``handed_out(step)`` is told every batch the loader hands out, in order (``FabricDataLoader`` hands
+    them out; with loader workers they were drawn earlier).
+    """
+
+    def plan(self, epoch: int, position: int) -> tuple[int, int, int]: ...
+
+    def handed_out(self, step: Step) -> None: ...
+
+
 class _Order:
     """The epoch's samples by position: a dataset's indices, or a wrapped sampler's output, then (optionally)
     permuted by :func:`epoch_positions`."""
@@ -137,6 +165,7 @@ class GlobalOrderSampler(DistributedSampler):
             its share, :meth:`share_size`).
         drop_last: drop an incomplete last global batch (the loader's ``drop_last``), on every rank alike.
         membership: where the shares come from at each global batch (default: ``(rank, num_replicas)``).
+        cursor: where each global batch starts and its shares (a :class:`DataCursor`; replaces ``membership``).
     """
 
     def __init__(
@@ -152,6 +181,7 @@ class GlobalOrderSampler(DistributedSampler):
         drop_last: bool = False,
         wrapped: bool = False,
         membership: Membership | None = None,
+        cursor: DataCursor | None = None,
     ) -> None:
         order = _Order(source, wrapped)
         super().__init__(order, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)  # type: ignore[arg-type]
@@ -162,7 +192,10 @@ class GlobalOrderSampler(DistributedSampler):
         self.batch_size = batch_size
         self.fixed_global_batch_size = global_batch_size
         self.global_drop_last = drop_last
+        if membership is not None and cursor is not None:
+            raise ValueError("Give a `GlobalOrderSampler` `membership` or a `cursor`, not both (a cursor gives the shares).")
         self.membership = membership
+        self.cursor = cursor
         self.start = 0
         """The position the next pass over the epoch begins at (set when a loader resumes mid-epoch)."""
         self._drawn: deque[Step] = deque()
@@ -206,11 +239,25 @@ class GlobalOrderSampler(DistributedSampler):
             raise ValueError(f"membership() returned share {share} of {shares}: a share index is 0 <= index < count.")
         return share, shares
 
-    def _global_batches(self, position: int, shares_of: Callable[[], tuple[int, int]]) -> Iterator[tuple[int, int, int, int]]:
-        """``(start, padded length, share, shares)`` of every global batch from ``position`` to the epoch's end."""
+    def _plan(self, position: int) -> tuple[int, int, int]:
+        """Where the next global batch starts, and this rank's share of it: the cursor's answer, else ``position``
+        with the membership's (or the fixed) shares."""
+        if self.cursor is None:
+            return (position, 0, 1) if position >= self.size else (position, *self._shares())
+        start, share, shares = self.cursor.plan(self.epoch, position)
+        if not 0 <= share < shares or start < 0:
+            raise ValueError(f"The data cursor planned share {share} of {shares} at {start}: a share index is 0 <= index <"
+                             " count, a start is not negative.")  # fmt: skip
+        return start, share, shares
+
+    def _global_batches(self, position: int, plan: Callable[[int], tuple[int, int, int]]) -> Iterator[tuple[int, int, int, int]]:
+        """``(start, padded length, share, shares)`` of every global batch from ``position`` to the epoch's end;
+        ``plan(position)`` says where each one starts and its shares."""
         size = self.size
-        while position < size:
-            share, shares = shares_of()
+        while True:
+            position, share, shares = plan(position)
+            if position >= size:
+                return
             global_batch = self.global_batch_size(shares)
             if global_batch < shares:
                 raise ValueError(
@@ -232,7 +279,7 @@ class GlobalOrderSampler(DistributedSampler):
         """This rank's steps of the current epoch from ``start`` (default: :attr:`start`), as the next pass draws them."""
         size = self.size
         samples: list[Any] | None = None
-        for position, length, share, shares in self._global_batches(self.start if start is None else start, self._shares):
+        for position, length, share, shares in self._global_batches(self.start if start is None else start, self._plan):
             if samples is None:  # materialised once per pass, when the first batch is drawn
                 samples = self.dataset.samples(self.seed, self.epoch, self.shuffle)  # type: ignore[attr-defined]
             picked = share_positions(position, position + length, share, shares)
@@ -250,10 +297,11 @@ class GlobalOrderSampler(DistributedSampler):
     def __len__(self) -> int:
         """This rank's samples from :attr:`start` to the epoch's end (with ``membership``: if the shares stay as
         ``rank``/``num_replicas`` say). Counted without materialising the order."""
-        fixed = (self.rank, self.num_replicas)
         return sum(
             len(share_positions(position, position + length, share, shares))
-            for position, length, share, shares in self._global_batches(self.start, lambda: fixed)
+            for position, length, share, shares in self._global_batches(
+                self.start, lambda position: (position, self.rank, self.num_replicas)
+            )
         )
 
     def set_epoch(self, epoch: int) -> None:
@@ -265,8 +313,14 @@ class GlobalOrderSampler(DistributedSampler):
             forward(epoch)
 
     def next_drawn(self) -> Step | None:
-        """The record of the oldest batch drawn but not yet handed out (``FabricDataLoader`` takes one per batch)."""
-        return self._drawn.popleft() if self._drawn else None
+        """The record of the oldest batch drawn but not yet handed out (``FabricDataLoader`` takes one per batch, as
+        it hands the batch out; a cursor is told)."""
+        if not self._drawn:
+            return None
+        step = self._drawn.popleft()
+        if self.cursor is not None:
+            self.cursor.handed_out(step)
+        return step
 
     def describe(self) -> dict[str, Any]:
         """What the order depends on, saved with the loader's position so a resume can check it is the same order."""

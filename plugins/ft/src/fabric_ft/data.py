@@ -1,27 +1,220 @@
-"""The data position of a job of replica groups (filled in below)."""
+"""The data position of a job of replica groups: which samples each step trains, whatever fails.
+
+Every set-up loader with a global sample order (``fabric.setup_dataloaders``, docs/decisions.md "Elastic training")
+gets a :class:`GroupCursor` from the strategy (``Strategy.data_cursor``). The position it keeps, per loader, is the
+one the replica groups *committed*: the epoch, and the end of the last global batch a committed step trained (the
+frontier). Each global batch is drawn there, cut into shares by the latest quorum the group saw: the replica axis's
+live size and this group's place in it, times the data axes inside the group (FSDP's shards).
+
+* **Synchronous steps.** Before its commit vote a group checks that the batches of the step are the ones the quorum
+  of that step should train: they start at the frontier and were cut into as many shares as the quorum has members,
+  this group's share being its place in the quorum. Otherwise (a group died or joined since the batch was drawn)
+  the group votes no, so the step is dropped everywhere it was drawn that way. A dropped step leaves the frontier
+  where it was: the next batch is drawn there again, with the new quorum's shares. So every committed step trains a
+  whole global batch, split among exactly the groups that averaged it, and no sample is lost or trained twice. A
+  change of the quorum costs one dropped step (the batch drawn before the change); with loader workers, the
+  batches they drew ahead are dropped too (their position is stale), then drawing resumes at the frontier.
+* **A rejoining group** receives the position with the rest of the state, and takes the step it healed in as the
+  others commit it (its own batch of that step was zeroed by torchft and is not recorded as trained). A loader that
+  is in an earlier epoch than the received one ends its passes at once until it reaches that epoch.
+* **Semi-synchronous training** (LocalSGD, DiLoCo): the frontier moves at synchronisations. A committed
+  synchronisation commits every batch trained since the last one; one that is not committed (an error) leaves the
+  frontier, and the whole window is drawn again. A group that dies between two synchronisations takes its
+  inner steps with it: its share of that window is **counted as lost, not replayed** (the survivors' synchronisation
+  averages what the live groups trained; replaying the dead group's share would train the survivors on it after
+  their own update of the same window). The ledger records the window's batches with ``live_shares``, how many of
+  their shares were committed, and reports the missing ones as *dropped* (apart from lost).
+* **The job's first step** is torchft's weight synchronisation (``init_sync``: every group but the first receives the
+  first one's weights, its own gradients zeroed). Synchronous: nothing is applied in it and its batches are drawn
+  again (one step per job). Semi-synchronous: the first synchronisation averages the first group's window alone; the
+  others' shares of it are recorded as dropped.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fabric_core.utilities import Step
+
+__all__ = ["GroupCursor", "ReplicatedPosition"]
+
+#: A start past any epoch: ends the pass of a loader that is behind the others' epoch.
+_END_OF_PASS = sys.maxsize
+
+
+class GroupCursor:
+    """One loader's position as the replica groups committed it (:class:`~fabric_core.utilities.DataCursor`)."""
+
+    def __init__(self, owner: ReplicatedPosition) -> None:
+        self.owner = owner
+        self.epoch = 0
+        self.frontier = 0  # the end of the last committed global batch in `epoch`
+        self.redraw = False  # the next global batch starts at the frontier (a step was dropped)
+        self.pending: list[Step] = []  # handed out since the last settle, in order
+        self.received: dict[str, Any] | None = None  # the position a live group sent this one while it healed
+
+    # ------------------------------------------------------------------------------------------ the sampler's side
+    def plan(self, epoch: int, position: int) -> tuple[int, int, int]:
+        share, shares = self.owner.shares()
+        if epoch < self.epoch:
+            return _END_OF_PASS, share, shares  # the others are in a later epoch: this pass has nothing left
+        if epoch > self.epoch:  # the loader began the next epoch
+            self.epoch, self.frontier, self.redraw = epoch, 0, False
+        if self.redraw:
+            self.redraw = False
+            return self.frontier, share, shares
+        return position, share, shares
+
+    def handed_out(self, step: Step) -> None:
+        self.pending.append(step)
+
+    # ------------------------------------------------------------------------------------------ the step's side
+    def matches(self, share: int, shares: int) -> str | None:
+        """Why the batches handed out since the last settle are not what a step of this quorum trains, or ``None``."""
+        expected = self.frontier
+        for step in self.pending:
+            if step.epoch != self.epoch or step.start != expected:
+                return f"its batch starts at {step.epoch}:{step.start}, the committed position is {self.epoch}:{expected}"
+            if (step.share, step.shares) != (share, shares):
+                return f"its batch was cut into {step.shares} shares (this one {step.share}), the quorum has {shares}"
+            expected = step.end
+        return None
+
+    def settle(self, outcome: str) -> None:
+        """``"committed"``: the pending batches were trained; ``"healed"``: the step committed with the position a live
+        group sent; ``"dropped"``: draw them again from the frontier; ``"open"``: not decided yet."""
+        if outcome == "open":
+            return
+        if outcome == "committed" and self.pending:
+            self.epoch, self.frontier = self.pending[-1].epoch, self.pending[-1].end
+        elif outcome == "healed" and self.received is not None:
+            self.epoch, self.frontier = self.received["epoch"], self.received["end"]
+            self.redraw = True
+        elif outcome == "dropped":
+            self.redraw = True
+        self.received = None
+        self.pending = []
+
+    # ------------------------------------------------------------------------------------------ state
+    def state(self) -> dict[str, Any]:
+        """What a healing group takes: the committed position, and where it is once the step in flight commits."""
+        end = self.pending[-1].end if self.pending else self.frontier
+        epoch = self.pending[-1].epoch if self.pending else self.epoch
+        return {"epoch": epoch, "end": end}
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.received = dict(state)
 
 
 class ReplicatedPosition:
-    """Placeholder."""
+    """The cursors of one strategy's loaders, their place in the state a rejoining group receives, and the outcome of
+    each step for them and for the sample ledger."""
 
     def __init__(self, strategy: Any) -> None:
         self.strategy = strategy
+        self.cursors: list[GroupCursor] = []
         self.steps_dropped = 0
         self.samples_requeued = 0
+        self.verdict: bool | dict[str, Any] | None = True
+        self._mismatch: str | None = None
+
+    def cursor(self) -> GroupCursor:
+        cursor = GroupCursor(self)
+        self.cursors.append(cursor)
+        return cursor
 
     def register(self, manager: Any) -> None:
-        pass
+        manager.register_state_dict_fn("data_position", self._load, self._save)
 
-    def before_quorum(self) -> None:
-        pass
+    def _save(self) -> list[dict[str, Any]]:
+        return [cursor.state() for cursor in self.cursors]
 
-    def before_commit(self) -> None:
-        pass
+    def _load(self, states: list[dict[str, Any]]) -> None:
+        for cursor, state in zip(self.cursors, states):
+            cursor.load(state)
 
-    def after_commit(self, committed: bool) -> None:
-        if not committed:
+    # ------------------------------------------------------------------------------------------ shares
+    def shares(self) -> tuple[int, int]:
+        """This process's share of a global batch and how many there are: the latest quorum (the replica axis's live
+        coordinate and size; before any quorum and while healing, the configured ones) times the data axes inside the
+        group."""
+        topology = self.strategy.topology
+        share, shares = 0, 1
+        for axis in topology.data_axes:
+            if axis.fault_tolerant and axis.live_coordinate is not None and axis.live_size:
+                coordinate, size = axis.live_coordinate, axis.live_size
+            else:
+                coordinate, size = axis.coordinate, axis.size
+            share, shares = share * size + coordinate, shares * size
+        return share, shares
+
+    def _inner_size(self) -> int:
+        inner = 1
+        for axis in self.strategy.topology.data_axes:
+            if not axis.fault_tolerant:
+                inner *= axis.size
+        return inner
+
+    # ------------------------------------------------------------------------------------------ synchronous steps
+    def before_commit(self, manager: Any) -> None:
+        """Before this group's commit vote: vote no when the step's batches are not what its quorum trains."""
+        self._mismatch = None
+        if not self.cursors or not manager.is_participating():
+            return  # a healing group's batch is zeroed; it takes the others' position with the state
+        rank, participants = manager.participating_rank(), manager.num_participants()
+        inner = self._inner_size()
+        inner_rank = self.shares()[0] % inner
+        share, shares = rank * inner + inner_rank, participants * inner
+        for cursor in self.cursors:
+            why = cursor.matches(share, shares)
+            if why is not None:
+                self._mismatch = why
+                manager.report_error(
+                    RuntimeError(f"fabric-ft: the step's data does not match its quorum ({why}); drawn again")
+                )
+                return
+
+    def after_commit(self, committed: bool, healed: bool, trained: bool = True) -> None:
+        """After the commit vote: move the frontier (committed), take the received one (healed), or draw again (not
+        committed, or committed without training: the job's first step, which only synchronises the weights)."""
+        if committed and not trained:
+            outcome, self.verdict = "dropped", False
+        elif committed and not healed:
+            outcome, self.verdict = "committed", True
+        elif committed and healed:
+            outcome, self.verdict = "healed", False
+        else:
+            outcome, self.verdict = "dropped", False
             self.steps_dropped += 1
+            self.samples_requeued += sum(len(step.indices) for cursor in self.cursors for step in cursor.pending)
+        for cursor in self.cursors:
+            cursor.settle(outcome)
+
+    # ------------------------------------------------------------------------------------------ semi-synchronous
+    def after_inner_step(
+        self, synchronised: bool, committed: bool, healed: bool, participants: int, first: bool = False
+    ) -> None:
+        """After an inner step of LocalSGD/DiLoCo: nothing decided yet, unless it ended with a synchronisation."""
+        if not synchronised:
+            self.verdict = None
+            for cursor in self.cursors:
+                cursor.settle("open")
+            return
+        if committed and not healed:
+            inner = self._inner_size()
+            # torchft's first synchronisation (init_sync) averages only the first group's window: the others receive
+            # its weights with their own pseudo-gradients discarded
+            live = (1 if first else participants) * inner
+            shares = max((step.shares for cursor in self.cursors for step in cursor.pending), default=live)
+            self.verdict = {"live_shares": min(live, shares)}
+            outcome = "committed"
+        elif committed:
+            self.verdict, outcome = False, "healed"
+        else:
+            self.verdict, outcome = False, "dropped"
+            self.steps_dropped += 1
+            self.samples_requeued += sum(len(step.indices) for cursor in self.cursors for step in cursor.pending)
+        for cursor in self.cursors:
+            cursor.settle(outcome)

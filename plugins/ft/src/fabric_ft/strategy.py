@@ -423,11 +423,35 @@ class FaultTolerant(Strategy):
 
     # ---------------------------------------------------------------------------------------- training step
     def optimizer_step(self, optimizer: Any, **kwargs: Any) -> Any:
-        """Step (committed or dropped by torchft; semi-synchronous: the inner step, and at the synchronisation its
-        outcome), then note this group's place in the quorum and the data position."""
+        """Step (synchronous: committed or dropped by torchft; semi-synchronous: the inner step, and at a
+        synchronisation its outcome), then note this group's place in the quorum and what the step did to the data
+        position (:mod:`fabric_ft.data`)."""
+        algorithm = self._semi_sync_algorithm
+        if algorithm is None:
+            result = super().optimizer_step(optimizer, **kwargs)
+            self._note_quorum(committed=getattr(optimizer, "committed", True) is not False)
+            return result
+        manager = self.manager
+        before = manager.current_step()
         result = super().optimizer_step(optimizer, **kwargs)
-        self._note_quorum(committed=getattr(optimizer, "committed", True) is not False)
+        first = before == 0
+        synchronised = algorithm._local_step == 0  # torchft 0.2.0: LocalSGD and DiLoCo count inner steps there
+        if synchronised:
+            committed = manager.current_step() > before
+            self._note_quorum(committed)
+            healed = any(cursor.received is not None for cursor in self.data.cursors)
+            self.data.after_inner_step(True, committed, healed, manager.num_participants(), first=first)
+        else:
+            self.data.after_inner_step(False, False, False, 0)
         return result
+
+    def data_cursor(self) -> Any:
+        """Each loader's position as the replica groups committed it (:mod:`fabric_ft.data`)."""
+        return self.data.cursor()
+
+    def samples_trained(self) -> Any:
+        """Whether the last step trained its batches (for the sample ledger; see :mod:`fabric_ft.data`)."""
+        return self.data.verdict
 
     def _note_quorum(self, committed: bool = True) -> None:
         manager = self.manager
@@ -583,19 +607,21 @@ def _optimizer_wrapper(manager: Any, optimizer: Optimizer, strategy: FaultTolera
 
         committed: bool | None = None
 
-        def zero_grad(self, set_to_none: bool = True) -> None:
-            strategy.data.before_quorum()
-            super().zero_grad(set_to_none)
-
         def step(self, closure: Any = None) -> None:
             if closure is not None:
                 raise ValueError(
                     "`ft_ddp` cannot step an optimizer with a closure (torchft commits a whole step)."
                 )
-            strategy.data.before_commit()
-            self.committed = bool(self.manager.should_commit())
+            self.manager.wait_quorum()
+            healing = not self.manager.is_participating()  # torchft zeroed this group's gradients: it receives the state
+            # torchft's first step of a job synchronises the weights (init_sync): every group but one receives the
+            # first one's, with their own gradients zeroed. Nothing is trained in it; its batches are drawn again.
+            first = self.manager.current_step() == 0
+            strategy.data.before_commit(self.manager)
+            committed = bool(self.manager.should_commit())
+            self.committed = committed and not first
             if self.committed:
                 self.optim.step()
-            strategy.data.after_commit(self.committed)
+            strategy.data.after_commit(committed, healed=healing, trained=not first)
 
     return FTOptimizer(manager, optimizer)

@@ -8,8 +8,8 @@ process writes into ``OUT/g<group>-a<attempt>-r<rank>`` (the launcher restarts g
 
 Every step appends ``{"step", "participants", "committed", "changed", "t", "local"}`` to ``progress.jsonl``
 (``changed``: ``optimizer.step()`` changed the weights; ``local``: inner steps since the start of this process); the
-process id is in ``pid``. With ``FT_TEST_STOP_IN_STEP=N`` the group stops inside the first step from N on with both
-groups in its quorum, after joining the quorum and before its gradients' allreduce, writes the step to ``in_step``
+process id is in ``pid``. With ``FT_TEST_STOP_IN_STEP=N`` the group (``FT_TEST_STOP_GROUP``: only that one, in its
+first attempt) stops inside the first step from N on with every group in its quorum, after joining the quorum and before its gradients' allreduce, writes the step to ``in_step``
 and waits to be killed. Once the file ``STOP`` holds a step number and torchft's step counter reached it, the full
 weights go to ``final.pt`` and the loss over the whole data set (with the initial loss and the least-squares optimum)
 to ``result.json``; the first group of the last quorum also writes ``OUT/checkpoint-g<group>.ckpt`` with
@@ -78,6 +78,10 @@ def main(out: Path, stop: Path, sleep: float) -> None:
         return bool(text) and manager.current_step() >= int(text)
 
     stop_in_step = int(os.environ.get("FT_TEST_STOP_IN_STEP", "-1"))
+    stop_group = os.environ.get("FT_TEST_STOP_GROUP")  # under the launcher: only this group, only its first attempt
+    if stop_group is not None and (stop_group != str(fabric.strategy.replica_group) or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0"):
+        stop_in_step = -1
+    groups = fabric.strategy.num_replica_groups
     epoch, local = 0, 0
     while not stopping():
         loader.sampler.set_epoch(epoch)
@@ -86,7 +90,7 @@ def main(out: Path, stop: Path, sleep: float) -> None:
             loss = nn.functional.mse_loss(model(xb), yb)
             # the other group waits in this step's allreduce for this one (a group that joined late, healing from the
             # other, starts past step 0: the first step at or after N with both groups)
-            if 0 <= stop_in_step <= manager.current_step() and manager.num_participants() == 2:
+            if 0 <= stop_in_step <= manager.current_step() and manager.num_participants() == groups:
                 (out / "in_step").write_text(str(manager.current_step()))
                 time.sleep(3600)
             fabric.backward(loss)
