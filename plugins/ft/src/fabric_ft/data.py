@@ -87,22 +87,30 @@ class GroupCursor:
         group sent; ``"dropped"``: draw them again from the frontier; ``"open"``: not decided yet."""
         if outcome == "open":
             return
+        received = self.received
         if outcome == "committed" and self.pending:
             self.epoch, self.frontier = self.pending[-1].epoch, self.pending[-1].end
-        elif outcome == "healed" and self.received is not None:
-            self.epoch, self.frontier = self.received["epoch"], self.received["end"]
+        elif outcome == "healed" and received is not None:  # the step in flight committed: where the sender is after it
+            self.epoch, self.frontier = received["end_epoch"], received["end"]
             self.redraw = True
         elif outcome == "dropped":
+            if received is not None:  # the sender's committed position
+                self.epoch, self.frontier = received["epoch"], received["frontier"]
             self.redraw = True
         self.received = None
         self.pending = []
 
     # ------------------------------------------------------------------------------------------ state
     def state(self) -> dict[str, Any]:
-        """What a healing group takes: the committed position, and where it is once the step in flight commits."""
-        end = self.pending[-1].end if self.pending else self.frontier
-        epoch = self.pending[-1].epoch if self.pending else self.epoch
-        return {"epoch": epoch, "end": end}
+        """What a healing group takes: the committed position, and where it is once the step (or window) in flight
+        commits."""
+        last = self.pending[-1] if self.pending else None
+        return {
+            "epoch": self.epoch,
+            "frontier": self.frontier,
+            "end_epoch": last.epoch if last is not None else self.epoch,
+            "end": last.end if last is not None else self.frontier,
+        }
 
     def load(self, state: dict[str, Any]) -> None:
         self.received = dict(state)
@@ -118,7 +126,7 @@ class ReplicatedPosition:
         self.steps_dropped = 0
         self.samples_requeued = 0
         self.verdict: bool | dict[str, Any] | None = True
-        self._mismatch: str | None = None
+        self._place: tuple[int, int] | None = None
 
     def cursor(self) -> GroupCursor:
         cursor = GroupCursor(self)
@@ -136,17 +144,19 @@ class ReplicatedPosition:
             cursor.load(state)
 
     # ------------------------------------------------------------------------------------------ shares
+    def note_quorum(self, rank: int, size: int) -> None:
+        """After a step: this group's place among all groups of its quorum (those that healed in it included, who take
+        part fully in the next one), the membership the next batches are cut for."""
+        if size > 0:
+            self._place = (rank, size)
+
     def shares(self) -> tuple[int, int]:
-        """This process's share of a global batch and how many there are: the latest quorum (the replica axis's live
-        coordinate and size; before any quorum and while healing, the configured ones) times the data axes inside the
+        """This process's share of a global batch and how many there are: this group's place in the latest quorum
+        (every group of it; before any quorum, the configured replica group and count), times the data axes inside the
         group."""
-        topology = self.strategy.topology
         share, shares = 0, 1
-        for axis in topology.data_axes:
-            if axis.fault_tolerant and axis.live_coordinate is not None and axis.live_size:
-                coordinate, size = axis.live_coordinate, axis.live_size
-            else:
-                coordinate, size = axis.coordinate, axis.size
+        for axis in self.strategy.topology.data_axes:
+            coordinate, size = (self._place or (axis.coordinate, axis.size)) if axis.fault_tolerant else (axis.coordinate, axis.size)
             share, shares = share * size + coordinate, shares * size
         return share, shares
 
@@ -158,23 +168,30 @@ class ReplicatedPosition:
         return inner
 
     # ------------------------------------------------------------------------------------------ synchronous steps
-    def before_commit(self, manager: Any) -> None:
-        """Before this group's commit vote: vote no when the step's batches are not what its quorum trains."""
-        self._mismatch = None
-        if not self.cursors or not manager.is_participating():
-            return  # a healing group's batch is zeroed; it takes the others' position with the state
+    def before_commit(self, manager: Any, quorum_size: int) -> None:
+        """Before this group's commit vote (``quorum_size``: the groups in the step's quorum, those that heal in it
+        included): vote no when the step's batches are not what its quorum trains.
+
+        A quorum in which a group heals trains nothing: the healing group's gradients are zeroed (torchft), so a
+        global batch cut among all members would lose its share, and one cut among the others would leave the healing
+        group with a different position. Every group then votes no (the healing one too: it has the live state once
+        the vote is taken), all stay at the same step, and the next quorum draws again with everyone."""
+        if not self.cursors:
+            return  # no global-order loader: torchft's own decision
+        if not manager.is_participating():
+            return self._vote_no(manager, "this group receives the live state in this step")
         rank, participants = manager.participating_rank(), manager.num_participants()
+        if participants != quorum_size:
+            return self._vote_no(manager, f"{quorum_size - participants} group(s) receive the live state in this step")
         inner = self._inner_size()
-        inner_rank = self.shares()[0] % inner
-        share, shares = rank * inner + inner_rank, participants * inner
+        share, shares = rank * inner + self.shares()[0] % inner, participants * inner
         for cursor in self.cursors:
             why = cursor.matches(share, shares)
             if why is not None:
-                self._mismatch = why
-                manager.report_error(
-                    RuntimeError(f"fabric-ft: the step's data does not match its quorum ({why}); drawn again")
-                )
-                return
+                return self._vote_no(manager, why)
+
+    def _vote_no(self, manager: Any, why: str) -> None:
+        manager.report_error(RuntimeError(f"fabric-ft: the step's data is drawn again ({why})"))
 
     def after_commit(self, committed: bool, healed: bool, trained: bool = True) -> None:
         """After the commit vote: move the frontier (committed), take the received one (healed), or draw again (not

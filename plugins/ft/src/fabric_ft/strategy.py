@@ -203,6 +203,7 @@ class FaultTolerant(Strategy):
         self.quorum_timeout = quorum_timeout
         self.connect_timeout = connect_timeout
         self._manager: Any = None
+        self._pg: Any = None
         self._store: Any = None
         self._states = 0
         self._participants: int | None = None
@@ -303,6 +304,7 @@ class FaultTolerant(Strategy):
         port = self._store.port if rank == 0 else None
         if world > 1:
             port = self.broadcast(port, src=0)
+        self._pg = pg
         self._manager = Manager(
             pg=pg,
             load_state_dict=None,
@@ -445,6 +447,19 @@ class FaultTolerant(Strategy):
             self.data.after_inner_step(False, False, False, 0)
         return result
 
+    def quorum_size(self) -> int:
+        """The replica groups in the current quorum, those that heal in it included (the fault-tolerant process group's
+        size); 0 when it could not be configured."""
+        return self.quorum_place()[1]
+
+    def quorum_place(self) -> tuple[int, int]:
+        """This group's rank among every group of the current quorum (those that heal in it included) and their
+        number: the fault-tolerant process group's rank and size; ``(0, 0)`` when it could not be configured."""
+        try:
+            return int(self._pg.parent.rank()), int(self._pg.size())
+        except (AssertionError, RuntimeError):  # not configured: the step fails anyway
+            return 0, 0
+
     def data_cursor(self) -> Any:
         """Each loader's position as the replica groups committed it (:mod:`fabric_ft.data`)."""
         return self.data.cursor()
@@ -455,11 +470,10 @@ class FaultTolerant(Strategy):
 
     def _note_quorum(self, committed: bool = True) -> None:
         manager = self.manager
-        if (
-            manager._quorum_future is None
-        ):  # no quorum asked yet (semi-synchronous, before the first synchronisation)
+        if manager._quorum_future is None:  # no quorum asked yet (semi-synchronous, before the first synchronisation)
             return
         self._quorum_rank = manager.participating_rank()
+        self.data.note_quorum(*self.quorum_place())
         participants = manager.num_participants()
         if participants != self._participants or not committed:
             # the goodput ledger: a step the quorum dropped, or the one that changed it, is time lost to the quorum
@@ -617,7 +631,7 @@ def _optimizer_wrapper(manager: Any, optimizer: Optimizer, strategy: FaultTolera
             # torchft's first step of a job synchronises the weights (init_sync): every group but one receives the
             # first one's, with their own gradients zeroed. Nothing is trained in it; its batches are drawn again.
             first = self.manager.current_step() == 0
-            strategy.data.before_commit(self.manager)
+            strategy.data.before_commit(self.manager, strategy.quorum_size())
             committed = bool(self.manager.should_commit())
             self.committed = committed and not first
             if self.committed:
