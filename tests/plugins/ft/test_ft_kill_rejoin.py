@@ -89,8 +89,8 @@ def test_a_killed_replica_group_rejoins_and_every_sample_is_trained_once(tmp_pat
     restarted = out / "g1-a1-r0"
     wait(lambda: any(r["participants"] == 3 for r in _progress(restarted)), START_TIMEOUT, "group 1 back in the quorum")
     first = _progress(restarted)[0]
-    assert first["step"] > in_flight + 20, first  # it started from the live state, not from step 0
-    stop_at = max(_last_step(s) for s in survivors) + 15
+    assert first["step"] > in_flight, first  # it started from the live state, not from step 0
+    stop_at = max(max(_last_step(s) for s in survivors) + 15, 80)  # enough steps to come close to the optimum
     stop.write_text(str(stop_at))
     assert job.wait(STEP_TIMEOUT) == 0, job.output()[-6000:]
     assert not job.leftovers(), f"processes left behind:\n{job.output()[-2000:]}"

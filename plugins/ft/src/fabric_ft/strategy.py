@@ -118,7 +118,9 @@ class FaultTolerant(Strategy):
         hostname: the address the other groups reach this one at (its manager, checkpoint server and store);
             default this machine's hostname. ``127.0.0.1`` when every group runs on this machine.
         timeout: how long a collective across groups, a commit vote or a state transfer may take before the step is
-            dropped.
+            dropped (``replica_timeout`` on the strategy). The collectives inside a group (FSDP's) keep the inner
+            strategy's own timeout (``FABRIC_TIMEOUT``, else 30 minutes): a process of a group may wait inside its
+            group while a peer waits for the step's quorum, which can take ``quorum_timeout``.
         quorum_timeout: how long a step waits for its quorum (semi-synchronous: a synchronisation; the lighthouse
             waits up to its ``join_timeout_ms`` for groups of the previous quorum). Semi-synchronous training
             defaults to 30 minutes: a restarted group waits for the others' next synchronisation.
@@ -197,7 +199,7 @@ class FaultTolerant(Strategy):
         self.semi_sync = semi_sync
         self.sync_every = sync_every
         self.outer_optimizer = outer_optimizer
-        self.timeout = timeout
+        self.replica_timeout = timeout  # not `self.timeout`: that is the inner strategy's, for its own group
         if quorum_timeout is None:
             quorum_timeout = timedelta(minutes=30) if semi_sync is not None else timedelta(seconds=60)
         self.quorum_timeout = quorum_timeout
@@ -294,9 +296,9 @@ class FaultTolerant(Strategy):
         if self.root_device.type == "cuda":
             from torchft.process_group import ProcessGroupNCCL
 
-            pg: Any = ProcessGroupNCCL(timeout=self.timeout)
+            pg: Any = ProcessGroupNCCL(timeout=self.replica_timeout)
         else:
-            pg = ProcessGroupGloo(timeout=self.timeout)
+            pg = ProcessGroupGloo(timeout=self.replica_timeout)
         # A fresh store per start of the group (a restarted group must not read its previous manager's address from a
         # store that outlived it), hosted by the group's first process where every group can reach it.
         if rank == 0:
@@ -311,7 +313,7 @@ class FaultTolerant(Strategy):
             state_dict=None,
             min_replica_size=self.min_replicas,
             use_async_quorum=self.semi_sync is None,
-            timeout=self.timeout,
+            timeout=self.replica_timeout,
             quorum_timeout=self.quorum_timeout,
             connect_timeout=self.connect_timeout,
             rank=rank,
@@ -631,7 +633,8 @@ def _optimizer_wrapper(manager: Any, optimizer: Optimizer, strategy: FaultTolera
             # torchft's first step of a job synchronises the weights (init_sync): every group but one receives the
             # first one's, with their own gradients zeroed. Nothing is trained in it; its batches are drawn again.
             first = self.manager.current_step() == 0
-            strategy.data.before_commit(self.manager, strategy.quorum_size())
+            if not first:  # the first step trains nothing whatever its data; it must commit for the step to move on
+                strategy.data.before_commit(self.manager, strategy.quorum_size())
             committed = bool(self.manager.should_commit())
             self.committed = committed and not first
             if self.committed:
