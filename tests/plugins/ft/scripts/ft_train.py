@@ -15,6 +15,8 @@ weights go to ``final.pt`` and the loss over the whole data set (with the initia
 to ``result.json``; the first group of the last quorum also writes ``OUT/checkpoint-g<group>.ckpt`` with
 ``fabric.save`` (every process of a group writes the same path: a sharded checkpoint is written by all of them).
 ``PL_GLOBAL_SEED`` (default 0) seeds the data order (the uninterrupted runs DiLoCo is compared with vary it).
+``FT_TEST_RESTART_DELAY=S``: a restarted group's processes wait S seconds before they start (a replacement that takes
+a while to arrive: the others train alone meanwhile).
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def main(out: Path, stop: Path, sleep: float) -> None:
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        time.sleep(float(os.environ.get("FT_TEST_RESTART_DELAY", "0")))
     kind = os.environ.get("FT_TEST_STRATEGY", "ft_ddp")
     # FT_TEST_ACCELERATOR=cuda: the GPU lane's run (ProcessGroupNCCL between the groups)
     accelerator = os.environ.get("FT_TEST_ACCELERATOR", "cpu")
