@@ -66,7 +66,7 @@ FIRST_PARTY: dict[str, dict[str, tuple[str, ...]]] = {
     "fabric-amp": {"precision": ("16-mixed", "bf16-mixed", "16", "bf16")},
     "fabric-wandb": {"logger": ("wandb",)},
     "fabric-mlflow": {"logger": ("mlflow",)},
-    "fabric-ft": {"strategy": ("ft_ddp", "ft_*")},
+    "fabric-ft": {"strategy": ("ft_ddp", "ft_fsdp", "ft_*"), "launcher": ("ft",)},
     "fabric-ray": {"environment": ("ray",), "logger": ("ray",), "launcher": ("ray",)},
     "fabric-bnb": {
         "precision": tuple(f"bnb{sep}{mode}" for sep in "-." for mode in _BNB_MODES) + ("bnb-*", "bnb.*")
