@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -90,6 +92,12 @@ def test_a_killed_replica_group_rejoins_and_every_sample_is_trained_once(tmp_pat
     wait(lambda: any(r["participants"] == 3 for r in _progress(restarted)), START_TIMEOUT, "group 1 back in the quorum")
     first = _progress(restarted)[0]
     assert first["step"] > in_flight, first  # it started from the live state, not from step 0
+    # `fabric env` pointed at the job's lighthouse names the quorum of the three groups.
+    lighthouse = re.search(r"registered with the lighthouse (http://\S+)", job.output()).group(1)
+    fabric = Path(sys.executable).parent / "fabric"
+    command = [str(fabric), "env"] if fabric.exists() else [sys.executable, "-m", "fabric_core.cli", "env"]
+    env_out = subprocess.run(command, env=job_env(TORCHFT_LIGHTHOUSE=lighthouse), capture_output=True, text=True, timeout=120)
+    assert "3 replica group(s): fabric_ft_0 at step" in env_out.stdout, env_out.stdout + env_out.stderr
     stop_at = max(max(_last_step(s) for s in survivors) + 15, 80)  # enough steps to come close to the optimum
     stop.write_text(str(stop_at))
     assert job.wait(STEP_TIMEOUT) == 0, job.output()[-6000:]

@@ -53,3 +53,11 @@ def fabric_library_packages() -> dict[str, str]:
 def fabric_report_packages() -> list[str]:
     """What ``fabric env`` reports for this plugin (its dependency), installed or not."""
     return ["torchft"]
+
+
+@hookimpl
+def fabric_report_services() -> dict[str, str]:
+    """For ``fabric env``: the lighthouse of ``$TORCHFT_LIGHTHOUSE``, whether it answers, and its current quorum."""
+    from fabric_ft.probe import lighthouse_state
+
+    return {"torchft lighthouse": lighthouse_state()}
