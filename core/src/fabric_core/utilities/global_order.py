@@ -142,9 +142,9 @@ class _Order:
         positions = epoch_positions(len(self), seed, epoch, shuffle)
         if not self.wrapped:
             return positions
-        from fabric_core.utilities.data import _SamplerIndices, wrapped_sampler_seed
+        from fabric_core.utilities.sampler_order import SamplerIndices, wrapped_sampler_seed
 
-        indices = _SamplerIndices(self.source)  # type: ignore[arg-type]
+        indices = SamplerIndices(self.source)  # type: ignore[arg-type]
         indices.refresh(wrapped_sampler_seed(seed, epoch))
         return [indices[p] for p in positions]
 
