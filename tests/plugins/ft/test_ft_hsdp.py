@@ -48,7 +48,9 @@ def _last(folder: Path) -> dict:
 def test_one_process_of_a_replica_group_dies_and_its_group_rejoins(tmp_path: Path):
     # multiprocess-check: starts ranks (a launcher, a lighthouse and 2 replica groups of 2 processes)
     out, stop = tmp_path / "out", tmp_path / "stop"
-    env = job_env(FT_TEST_STRATEGY="ft_fsdp", FT_TEST_PER_PROCESS="1", OMP_NUM_THREADS="1")
+    # the replacement of group 1 takes 5 s to arrive: group 0 steps alone meanwhile (a quick restart could rejoin before
+    # the lighthouse gives up on the dead group, and group 0 would never be alone)
+    env = job_env(FT_TEST_STRATEGY="ft_fsdp", FT_TEST_PER_PROCESS="1", FT_TEST_RESTART_DELAY="5", OMP_NUM_THREADS="1")
     command = [*fabric_command(), "--launcher", "ft", "--ft-groups", "2", "--devices", "2", "--max-restarts", "1"]
     command += ["--accelerator", "cpu", str(TRAIN), str(out), str(stop), "0.02"]
     job = start_job(command, tmp_path / "job.log", env=env)

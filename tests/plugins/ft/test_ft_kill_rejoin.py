@@ -57,7 +57,7 @@ def test_a_killed_replica_group_rejoins_and_every_sample_is_trained_once(tmp_pat
     out, stop, ledger = tmp_path / "out", tmp_path / "stop", tmp_path / "ledger"
     env = job_env(
         FT_TEST_PER_PROCESS="1", FT_TEST_STOP_IN_STEP=str(KILL_AT), FT_TEST_STOP_GROUP="1", FABRIC_SAMPLE_LEDGER=str(ledger),
-        OMP_NUM_THREADS="1",
+        OMP_NUM_THREADS="1", FT_TEST_RESTART_DELAY="5",  # the replacement takes 5 s: groups 0 and 2 step in a quorum of 2
     )  # fmt: skip
     command = [*fabric_command(), "--launcher", "ft", "--ft-groups", "3", "--devices", "1", "--max-restarts", "1"]
     job = start_job([*command, "--accelerator", "cpu", str(TRAIN), str(out), str(stop), "0.02"], tmp_path / "job.log", env=env)
