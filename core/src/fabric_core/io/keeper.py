@@ -319,8 +319,14 @@ class Keeper:
             done = len(self.finished) >= self.expected_ranks
         if done:  # every rank of the node finished training: the snapshots are no longer needed
             self.remove_on_exit = True
+            self.release_snapshots()  # before the reply: when the last rank's `close()` returns, the memory is free
             self.stop.set()
         return {}
+
+    def release_snapshots(self) -> None:
+        """Remove this node's snapshots, its own and its peers'."""
+        for name in (store.OWN, store.PEER):
+            shutil.rmtree(self.root / name, ignore_errors=True)
 
     def op_status(self, sock: socket.socket, header: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
@@ -446,9 +452,8 @@ def serve(root: Path, owner: int, linger: float) -> int:
     finally:
         server.shutdown()
         server.server_close()
-        if keeper.remove_on_exit:
-            for name in (store.OWN, store.PEER):
-                shutil.rmtree(root / name, ignore_errors=True)
+        if keeper.remove_on_exit:  # again: a replica may have landed after the release
+            keeper.release_snapshots()
             with contextlib.suppress(OSError):
                 os.unlink(root / INFO)
     return 0
