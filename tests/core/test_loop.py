@@ -175,7 +175,7 @@ def test_accumulate_ema_and_profile_on_two_processes(tmp_path, strategy):
 def test_profile_writes_a_trace_and_prints_a_summary_on_rank_zero(tmp_path, capsys):
     fabric = Fabric(accelerator="cpu")
     model, _ = _setup(fabric)
-    with fabric.profile(tmp_path / "prof", row_limit=5, record_shapes=True) as prof:
+    with fabric.profile(tmp_path / "prof", row_limit=100, record_shapes=True) as prof:
         fabric.backward(model(torch.randn(8, 3)).sum())
     trace = tmp_path / "prof" / "rank0" / "rank0.pt.trace.json"
     assert json.loads(trace.read_text())["traceEvents"]
