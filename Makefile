@@ -15,13 +15,14 @@ NO_DEPS_DEV := torchdata==0.11.0
 # that would replace ours; without its dependencies, so pip cannot touch torch.
 LIGHTNING_SITE := $(VENV)/lightning-site
 LIGHTNING_SITE_PACKAGES := lightning==2.6.6 lightning-utilities==0.15.3 torchmetrics==1.9.0
-# plugins/deepspeed depends on deepspeed==0.19.8, an sdist: pip builds it here without build isolation against the
-# pinned CPU torch (a pure-Python wheel, no ops compiled; about 10 s) and, since torch is already satisfied, pulls no
-# CUDA torch. plugins/wandb and plugins/mlflow bring wandb and the MLflow client (the full `mlflow`, for the tests'
-# tracking server, comes from requirements-dev.txt); neither depends on torch. plugins/bnb brings bitsandbytes==0.50.2
-# (it asks for torch>=2.4,<3, numpy, packaging) and plugins/ao torchao==0.18.0 (no dependencies): neither replaces
-# torch. plugins/ray brings ray[train]==2.60.0 (pinned in its pyproject.toml; ray does not depend on torch). The
-# check after the install fails the setup if anything brought CUDA packages or replaced torch.
+# The plugins' libraries are ranges in their pyproject.toml files; constraints.txt holds the exact versions installed
+# here and in the bare-install lane. plugins/deepspeed depends on deepspeed (0.19.8 here), an sdist: pip builds it
+# without build isolation against the pinned CPU torch (a pure-Python wheel, no ops compiled; about 10 s) and, since
+# torch is already satisfied, pulls no CUDA torch. plugins/wandb and plugins/mlflow bring wandb and the MLflow client
+# (the full `mlflow`, for the tests' tracking server, comes from requirements-dev.txt); neither depends on torch.
+# plugins/bnb brings bitsandbytes (it asks for torch>=2.4,<3, numpy, packaging) and plugins/ao torchao (no
+# dependencies): neither replaces torch. plugins/ray brings ray[train] (ray does not depend on torch). The check after
+# the install fails the setup if anything brought CUDA packages or replaced torch.
 CHECK_TORCH := import importlib.metadata as m, re, torch; \
 	pin = re.search(r'^torch==(\S+)', open('requirements-dev.txt').read(), re.M).group(1); \
 	cuda = sorted(d.metadata['Name'] for d in m.distributions() if d.metadata['Name'].lower().startswith(('nvidia-', 'triton'))); \
@@ -29,13 +30,13 @@ CHECK_TORCH := import importlib.metadata as m, re, torch; \
 
 .PHONY: setup demo test test-bare setup-xla test-xla stress lint bench gpu-wheels gpu-lane clean
 
-$(STAMP): requirements-dev.txt $(foreach d,$(DISTS),$(d)/pyproject.toml) Makefile
+$(STAMP): requirements-dev.txt constraints.txt $(foreach d,$(DISTS),$(d)/pyproject.toml) Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -r requirements-dev.txt
+	$(BIN)/python -m pip install --quiet -r requirements-dev.txt -c constraints.txt
 	$(BIN)/python -m pip install --quiet --no-deps $(NO_DEPS_DEV)
 	$(BIN)/python -m pip install --quiet --no-deps --upgrade --target $(LIGHTNING_SITE) $(LIGHTNING_SITE_PACKAGES)
-	$(BIN)/python -m pip install --quiet --no-build-isolation $(foreach d,$(DISTS),-e $(d))
+	$(BIN)/python -m pip install --quiet --no-build-isolation -c constraints.txt $(foreach d,$(DISTS),-e $(d))
 	$(BIN)/python -c "$(CHECK_TORCH)"
 	touch $(STAMP)
 
@@ -81,7 +82,7 @@ stress: $(STAMP)
 	$(BIN)/python tests/stress/stress_exit.py $(STRESS_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check core plugins tests examples benchmarks
+	$(BIN)/ruff check core plugins tests examples benchmarks docs/spikes
 
 # lightning-fabric is an optional comparator: installed without its dependencies (so pip cannot swap the pinned
 # torch), plus the small ones it needs; a failed install only drops it from the comparison. It also installs a

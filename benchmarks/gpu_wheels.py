@@ -54,13 +54,10 @@ EXTRA = (
 
 
 def pins() -> dict[str, str]:
-    """The pinned third-party dependencies of the GPU plugins, read from their pyproject.toml files."""
-    found = {}
-    for plugin in ("bnb", "ao", "ft", "deepspeed"):
-        text = (REPO / "plugins" / plugin / "pyproject.toml").read_text()
-        for name, version in re.findall(r'"([A-Za-z0-9_.-]+)==([^"]+)"', text):
-            found[name] = version
-    return found
+    """The exact versions CI installs of the GPU plugins' libraries (their pyproject.toml files ask for ranges)."""
+    text = (REPO / "constraints.txt").read_text()
+    found = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", text, re.M))
+    return {name: found[name] for name in ("bitsandbytes", "torchao", "torchft", "deepspeed")}
 
 
 def download(requirement: str, python: str, dest: Path) -> None:

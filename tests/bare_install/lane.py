@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+CONSTRAINTS = REPO / "constraints.txt"
 WORK = REPO / ".bare"
 VENV = WORK / "venv"
 PY = VENV / "bin" / "python"
@@ -147,7 +148,8 @@ def core_extras() -> dict[str, list[str]]:
 def install(wheels: dict[str, Path], extras: list[str], names: list[str]) -> None:
     """``pip install "<fabric-core wheel>[extras]" <the wheels of names>``; pip's output is checked."""
     core = f"{wheels['fabric-core']}[{','.join(extras)}]" if extras else str(wheels["fabric-core"])
-    output = run([str(PY), "-m", "pip", "install", core, *(str(wheels[n]) for n in names)])
+    # The plugins ask for ranges; CI installs the exact versions of constraints.txt, as `make setup` does.
+    output = run([str(PY), "-m", "pip", "install", "-c", str(CONSTRAINTS), core, *(str(wheels[n]) for n in names)])
     warned = our_warnings(output, list(wheels), strict=False)
     if warned:
         raise LaneError("pip install printed warnings about our distributions:\n  " + "\n  ".join(warned))

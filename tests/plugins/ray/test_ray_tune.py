@@ -1,4 +1,4 @@
-"""Ray Tune on the real two-node cluster: the documented sweep example (plugins/ray/examples/tune_sweep.py), small,
+"""Ray Tune on the real two-node cluster: the documented sweep example (examples/ray_tune/tune_sweep.py), small,
 runs Fabric training loops as Tune trials that share the cluster's CPUs, and each trial's metrics and checkpoint
 reach Tune through ``Fabric(loggers="ray")``."""
 
@@ -13,7 +13,7 @@ import pytest
 from tests.jobs import start_job
 from tests.plugins.ray.conftest import HEAD_IP
 
-EXAMPLE = Path(__file__).parents[3] / "plugins" / "ray" / "examples" / "tune_sweep.py"
+EXAMPLE = Path(__file__).parents[3] / "examples" / "ray_tune" / "tune_sweep.py"
 TIMEOUT = 420
 
 

@@ -14,8 +14,8 @@ from fabric_core.utilities import import_package, missing_package, rank_zero_inf
 
 #: torchao's float8 training recipes (``Float8LinearConfig.from_recipe_name``)
 RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
-#: the release this plugin is tested with (the pin of fabric-ao's dependency)
-TORCHAO_REQUIREMENT = "torchao==0.18.0"
+#: fabric-ao's requirement of torchao (its pyproject.toml; tests/test_dependencies.py keeps them equal)
+TORCHAO_REQUIREMENT = "torchao>=0.18.0,<0.19"
 
 
 def import_torchao(module: str = "torchao") -> Any:

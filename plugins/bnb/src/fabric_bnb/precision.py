@@ -15,8 +15,8 @@ from fabric_core.utilities import import_package, missing_package
 
 #: the reference's modes; each is also a registered name ``bnb-<mode>``
 MODES = ("nf4", "nf4-dq", "fp4", "fp4-dq", "int8", "int8-training")
-#: the release this plugin is tested with (the pin of fabric-bnb's dependency)
-BNB_REQUIREMENT = "bitsandbytes==0.50.2"
+#: fabric-bnb's requirement of bitsandbytes (its pyproject.toml; tests/test_dependencies.py keeps them equal)
+BNB_REQUIREMENT = "bitsandbytes>=0.50.2"
 #: device types bitsandbytes 0.50 has kernels for
 _DEVICES = ("cpu", "cuda", "xpu")
 

@@ -1,6 +1,6 @@
 """Spike: can a torchft replica group be SIGKILLed and restarted while the other keeps stepping (CPU, gloo)?
 
-Run: ``python plugins/ft/spike/kill_rejoin.py`` (needs torchft installed beside torch). It starts, as separate
+Run: ``python docs/spikes/torchft/kill_rejoin.py`` (needs torchft installed beside torch). It starts, as separate
 processes, a lighthouse on 127.0.0.1 and two one-process replica groups (each with its own TCPStore), SIGKILLs
 replica 1 at step ``KILL_AT``, checks that replica 0's step counter advances while replica 1 is gone, restarts
 replica 1, lets both run a few steps together after it rejoined and compares the weights they saved bit for bit. Everything it starts is

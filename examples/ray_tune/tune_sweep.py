@@ -1,7 +1,7 @@
 """Sweep a learning rate over Ray Tune trials, each one a plain Fabric training loop reporting through ``loggers="ray"``.
 
-    python plugins/ray/examples/tune_sweep.py                              # a local Ray started here, 4 trials
-    python plugins/ray/examples/tune_sweep.py --address HOST:PORT          # on a running cluster (or RAY_ADDRESS)
+    python examples/ray_tune/tune_sweep.py                              # a local Ray started here, 4 trials
+    python examples/ray_tune/tune_sweep.py --address HOST:PORT          # on a running cluster (or RAY_ADDRESS)
 
 Each trial is one process with one CPU (``tune.with_resources``), so several trials share the cluster's CPUs. In a
 trial, ``fabric.log``/``log_dict`` become ``ray.tune.report`` and ``fabric.save`` a Tune checkpoint: Tune ranks the
