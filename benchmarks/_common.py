@@ -90,9 +90,11 @@ def installed_plugins() -> list[dict[str, str | None]]:
     return sorted(out, key=lambda e: str(e["name"]))
 
 
-def _meminfo_kib(key: str) -> int | None:
+def _proc_kib(path: str, key: str) -> int | None:
+    """The ``key:`` line of a Linux ``/proc`` file in KiB (``MemTotal`` of ``/proc/meminfo``, ``VmRSS`` of
+    ``/proc/self/status``); ``None`` without it."""
     try:
-        with open("/proc/meminfo", encoding="ascii") as f:
+        with open(path, encoding="ascii") as f:
             for line in f:
                 if line.startswith(key + ":"):
                     return int(line.split()[1])
@@ -114,7 +116,7 @@ def _cpu_model() -> str:
 
 def machine_info() -> dict[str, Any]:
     """What a reader needs to judge the numbers: cores, RAM, CPU, versions, and the load while we ran."""
-    mem = _meminfo_kib("MemTotal")
+    mem = _proc_kib("/proc/meminfo", "MemTotal")
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:
@@ -219,7 +221,18 @@ _JOB_CLEAN_ENV = (
     "WORLD_SIZE",
     "MASTER_ADDR",
     "MASTER_PORT",
+    "NODE_RANK",
+    "LOCAL_WORLD_SIZE",
 )
+
+
+def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a job a section starts: :func:`child_env` with ``extra``, without what a launcher sets
+    (:data:`_JOB_CLEAN_ENV`: each launcher applies its own defaults)."""
+    env = child_env(extra)
+    for key in _JOB_CLEAN_ENV:
+        env.pop(key, None)
+    return env
 
 #: What libstdc++ prints when a native thread is unwound during interpreter finalization (exit code 134/-6).
 _EXIT_ABORT = "terminate called without an active exception"
@@ -242,9 +255,7 @@ def run_job(
     docs/decisions.md) keeps its numbers, with ``exit_aborted`` set so the section can count such jobs. ``env_extra``:
     variables added to the job's environment.
     """
-    env = child_env(env_extra)
-    for key in _JOB_CLEAN_ENV:
-        env.pop(key, None)
+    env = job_env(env_extra)
     cmd = [sys.executable, script, *args]
     if torchrun:
         cmd = [
@@ -286,19 +297,8 @@ def exit_aborts(samples: dict[str, list[dict[str, Any] | None]]) -> dict[str, in
 
 
 # ------------------------------------------------------------------------------------------------ memory (Linux)
-def _status_kib(key: str) -> int | None:
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
 def rss_kib() -> int | None:
-    return _status_kib("VmRSS")
+    return _proc_kib("/proc/self/status", "VmRSS")
 
 
 def peak_rss_kib() -> int | None:
@@ -307,7 +307,7 @@ def peak_rss_kib() -> int | None:
     ``VmHWM`` rather than ``getrusage().ru_maxrss``: the latter also keeps the high-water mark of whatever the
     process was before ``exec`` (a forking parent with torch loaded), so a fresh child would inherit its peak.
     """
-    hwm = _status_kib("VmHWM")
+    hwm = _proc_kib("/proc/self/status", "VmHWM")
     if hwm is not None:
         return hwm
     import resource

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from fabric_core.launchers.processes import live_processes, session_processes
+
 # Variables a launcher or cluster would set; a job must start without any of them.
 _LAUNCH_VARS = (
     "LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
@@ -126,24 +128,6 @@ def fabric_command() -> list[str]:
     return [sys.executable, "-m", "fabric_core.cli_run"]
 
 
-def session_processes(sid: int) -> list[int]:
-    """Live (non-zombie) processes of session ``sid``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
-        state, session = fields[0], int(fields[3])
-        if session == sid and state not in ("Z", "X"):
-            found.append(int(entry))
-    return found
-
-
 def is_alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -151,6 +135,20 @@ def is_alive(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rindex(")") + 2 :].split()[0] not in ("Z", "X")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The records a job appends to ``path`` one JSON object a line, so far (none before the file exists; a last
+    line still being written is left out)."""
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:  # the line being written
+            break
+    return records
 
 
 def wait_until(condition, timeout: float, interval: float = 0.05) -> bool:
@@ -166,17 +164,8 @@ def descendants(pid: int) -> list[int]:
     """Live processes below ``pid`` (children, theirs, ...), wherever their session: torchrun's agent starts each
     worker in a session of its own."""
     parents: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if fields[0] not in ("Z", "X"):
-            parents.setdefault(int(fields[1]), []).append(int(entry))
+    for child, (parent, _) in live_processes().items():
+        parents.setdefault(parent, []).append(child)
     found, stack = [], [pid]
     while stack:
         for child in parents.get(stack.pop(), []):
@@ -225,6 +214,12 @@ class Job:
             kill_session(self.pid)
             self.process.wait(timeout=10)
             pytest.fail(f"job did not end within {timeout} s; output:\n{self.output()[-4000:]}")
+
+    def wait_for(self, condition, timeout: float, what: str) -> None:
+        """Wait until ``condition()`` holds while the job runs; on timeout kill the job and fail naming ``what``."""
+        if not wait_until(condition, timeout, interval=0.1):
+            kill_session(self.pid)
+            pytest.fail(f"timed out after {timeout} s waiting for {what}\n{self.output()[-6000:]}")
 
     def leftovers(self, timeout: float = 10.0) -> list[int]:
         """Processes of the job still alive ``timeout`` seconds after its main process ended (then killed)."""

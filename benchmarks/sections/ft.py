@@ -25,11 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import (
-    _JOB_CLEAN_ENV,
     REPO_ROOT,
-    child_env,
     dist_version,
     free_port,
+    job_env,
     module_available,
     paired_ratios,
     rotated,
@@ -58,9 +57,7 @@ def unavailable() -> str | None:
 
 def _job(way: str, cfg: dict[str, Any], work: Path) -> float:
     out = work / f"{way}-{time.monotonic_ns()}.json"
-    env = child_env()
-    for key in _JOB_CLEAN_ENV:
-        env.pop(key, None)
+    env = job_env()
     env["OMP_NUM_THREADS"] = "1"  # both ways: one thread per process, torchrun's default
     command = [sys.executable, str(WORKER), MODES[way], f"--steps={cfg['steps']}", f"--warmup={cfg['warmup']}",
                f"--width={cfg['width']}", f"--sync-every={cfg['sync_every']}", f"--out={out}"]  # fmt: skip

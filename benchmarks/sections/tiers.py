@@ -37,8 +37,8 @@ from typing import Any
 from benchmarks._common import (
     OURS,
     REPO_ROOT,
-    child_env,
     free_port,
+    job_env,
     module_available,
     run_child,
     run_job,
@@ -51,17 +51,6 @@ WORKER = REPO_ROOT / "benchmarks" / "workers" / "tiers_worker.py"
 #: c10d rendezvous on a busy 2-core machine: generous heartbeats; one agent hosts the store (tests/plugins/ddp/
 #: test_tiers_across_nodes.py).
 RDZV_CONF = "keep_alive_interval=2,keep_alive_max_attempt=5,join_timeout=120"
-_LAUNCH_VARS = (
-    "OMP_NUM_THREADS",
-    "FABRIC_CLI_USED",
-    "LOCAL_RANK",
-    "RANK",
-    "WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "NODE_RANK",
-    "LOCAL_WORLD_SIZE",
-)
 PHASES = (
     ("restart", "kill -> process start", "kill", "process_start"),
     ("start", "imports, Fabric(), rendezvous", "process_start", "fabric"),
@@ -91,9 +80,7 @@ def _kill_keepers(root: Path) -> None:
 
 
 def _env(extra: dict[str, str]) -> dict[str, str]:
-    env = child_env({"PYTHONWARNINGS": "ignore", "PYTHONUNBUFFERED": "1", **extra})
-    for key in _LAUNCH_VARS:
-        env.pop(key, None)
+    env = job_env({"PYTHONWARNINGS": "ignore", "PYTHONUNBUFFERED": "1", **extra})
     env["OMP_NUM_THREADS"] = "1"
     return env
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from jobs import fabric_command, job_env, start_job, wait_until
+from jobs import fabric_command, job_env, read_jsonl, start_job
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.skipif(sys.platform != "linux", reason="uses /proc")]
 
@@ -33,16 +33,7 @@ RESTART_DELAY = 6  # seconds the replacement of group 1 takes to arrive
 
 
 def _progress(folder: Path) -> list[dict]:
-    path = folder / "progress.jsonl"
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:  # the line being written
-            break
-    return records
+    return read_jsonl(folder / "progress.jsonl")
 
 
 def _command(out: Path, stop: Path, sleep: float) -> list[str]:
@@ -72,10 +63,7 @@ def test_a_group_killed_between_synchronisations_rejoins_at_the_next_one(tmp_pat
     )  # fmt: skip
     job = start_job(_command(out, stop, 0.05), tmp_path / "job.log", env=env)
 
-    def wait(condition, timeout: float, what: str) -> None:
-        if not wait_until(condition, timeout, interval=0.1):
-            job.process.kill()
-            pytest.fail(f"timed out after {timeout} s waiting for {what}\n{job.output()[-6000:]}")
+    wait = job.wait_for
 
     victim, survivor, restarted = out / "g1-a0-r0", out / "g0-a0-r0", out / "g1-a1-r0"
     wait((victim / "in_step").exists, START_TIMEOUT, f"group 1 inside the window after synchronisation {KILL_AT}")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from jobs import fabric_command, job_env, start_job, wait_until
+from jobs import fabric_command, job_env, read_jsonl, start_job
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.skipif(sys.platform != "linux", reason="uses /proc")]
 
@@ -28,16 +28,7 @@ STEP_TIMEOUT = 120
 
 
 def _progress(folder: Path) -> list[dict]:
-    path = folder / "progress.jsonl"
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:  # the line being written
-            break
-    return records
+    return read_jsonl(folder / "progress.jsonl")
 
 
 def _last(folder: Path) -> dict:
@@ -55,10 +46,7 @@ def test_one_process_of_a_replica_group_dies_and_its_group_rejoins(tmp_path: Pat
     command += ["--accelerator", "cpu", str(TRAIN), str(out), str(stop), "0.02"]
     job = start_job(command, tmp_path / "job.log", env=env)
 
-    def wait(condition, timeout: float, what: str) -> None:
-        if not wait_until(condition, timeout, interval=0.1):
-            job.process.kill()
-            pytest.fail(f"timed out after {timeout} s waiting for {what}\n{job.output()[-6000:]}")
+    wait = job.wait_for
 
     victim = out / "g1-a0-r1"
     wait(lambda: _last(victim)["participants"] == 2 and _last(victim)["step"] >= 5, START_TIMEOUT, "both groups training")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from jobs import fabric_command, job_env, start_job, wait_until
+from jobs import fabric_command, job_env, read_jsonl, start_job
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.skipif(sys.platform != "linux", reason="uses /proc")]
 
@@ -35,16 +35,7 @@ STEP_TIMEOUT = 120
 
 
 def _progress(folder: Path) -> list[dict]:
-    path = folder / "progress.jsonl"
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:  # the line being written
-            break
-    return records
+    return read_jsonl(folder / "progress.jsonl")
 
 
 def _last_step(folder: Path) -> int:
@@ -62,10 +53,7 @@ def test_a_killed_replica_group_rejoins_and_every_sample_is_trained_once(tmp_pat
     command = [*fabric_command(), "--launcher", "ft", "--ft-groups", "3", "--devices", "1", "--max-restarts", "1"]
     job = start_job([*command, "--accelerator", "cpu", str(TRAIN), str(out), str(stop), "0.02"], tmp_path / "job.log", env=env)
 
-    def wait(condition, timeout: float, what: str) -> None:
-        if not wait_until(condition, timeout, interval=0.1):
-            job.process.kill()
-            pytest.fail(f"timed out after {timeout} s waiting for {what}\n{job.output()[-6000:]}")
+    wait = job.wait_for
 
     victim, survivors = out / "g1-a0-r0", [out / "g0-a0-r0", out / "g2-a0-r0"]
     wait((victim / "in_step").exists, START_TIMEOUT, f"group 1 inside step {KILL_AT}")

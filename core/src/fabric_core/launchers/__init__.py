@@ -20,9 +20,11 @@ __all__ = [
     "job_exit_code",
     "new_process_group",
     "parent_death_signal",
+    "rank_failure",
     "read_error_file",
     "report_failures",
     "signal_process_group",
+    "start_rank_process",
     "stop_processes",
 ]
 
@@ -37,6 +39,8 @@ __getattr__, __dir__ = lazy_exports(
         "new_process_group": "fabric_core.launchers.processes",
         "parent_death_signal": "fabric_core.launchers.processes",
         "signal_process_group": "fabric_core.launchers.processes",
+        "start_rank_process": "fabric_core.launchers.processes",
+        "rank_failure": "fabric_core.launchers.processes",
         "stop_processes": "fabric_core.launchers.processes",
         "ERROR_FILE_VARIABLE": "fabric_core.runtime.failures",
         "RankFailure": "fabric_core.runtime.failures",

@@ -7,9 +7,14 @@ reported the shell's way. Written once, for the core's launchers and for every p
   inside a child that was not started that way (a ``multiprocessing`` worker);
 * :func:`signal_process_group` and :func:`stop_processes`: SIGTERM, a grace period, then SIGKILL, to each process's
   group;
-* :func:`exit_status`: a process killed by signal N exits with 128 + N, as a shell reports it.
+* :func:`exit_status`: a process killed by signal N exits with 128 + N, as a shell reports it;
+* :func:`start_rank_process` and :func:`rank_failure`: the two ends of a rank a launcher starts (own group, death
+  signal, the file its uncaught exception goes to; then how it ended, with that exception, for ``report_failures``);
+* :func:`live_processes` and :func:`session_processes`: what runs now, read from Linux's ``/proc`` (what a launcher
+  or a test checks was left behind).
 
-Only the standard library is imported here.
+Only the standard library is imported here (and, by :func:`start_rank_process`/:func:`rank_failure` when called, the
+core's failure records).
 """
 
 from __future__ import annotations
@@ -28,9 +33,13 @@ __all__ = [
     "die_with_parent",
     "exit_status",
     "grace_period",
+    "live_processes",
     "new_process_group",
     "parent_death_signal",
+    "rank_failure",
+    "session_processes",
     "signal_process_group",
+    "start_rank_process",
     "stop_processes",
 ]
 
@@ -51,6 +60,32 @@ def grace_period() -> float:
         return float(os.environ.get(GRACE_VARIABLE, DEFAULT_GRACE_S))
     except ValueError:
         return DEFAULT_GRACE_S
+
+
+def live_processes() -> dict[int, tuple[int, int]]:
+    """Every live process (not a zombie) -> ``(parent pid, session id)``, read from ``/proc`` (empty without it)."""
+    found: dict[int, tuple[int, int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:  # it ended while we looked
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state, ppid, pgrp, session
+        if fields[0] not in ("Z", "X"):
+            found[int(entry)] = (int(fields[1]), int(fields[3]))
+    return found
+
+
+def session_processes(sid: int) -> list[int]:
+    """The live processes of session ``sid`` (a job started with ``start_new_session=True`` has its pid as id)."""
+    return [pid for pid, (_, session) in live_processes().items() if session == sid]
 
 
 def new_process_group() -> dict[str, Any]:
@@ -136,6 +171,30 @@ def signal_process_group(process: Any, signum: int) -> None:
             os.kill(process.pid, signum)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def start_rank_process(
+    command: list[str], env: dict[str, str], error_file: str | None = None, **popen: Any
+) -> subprocess.Popen:
+    """Start one rank of a job: ``subprocess.Popen(command, env=...)`` leading a process group of its own (stopping
+    it stops what it started) and killed when this process dies; with ``error_file`` the rank records its uncaught
+    exception there (``ERROR_FILE_VARIABLE``), which :func:`rank_failure` reads back. ``popen``: more ``Popen``
+    keywords (``cwd``, ``stdout``, ...)."""
+    if error_file is not None:
+        from fabric_core.runtime.failures import ERROR_FILE_VARIABLE
+
+        env = {**env, ERROR_FILE_VARIABLE: error_file}
+    return subprocess.Popen(command, env=env, preexec_fn=parent_death_signal(), **new_process_group(), **popen)  # noqa: S603 (the job's own command line)
+
+
+def rank_failure(label: str, process: subprocess.Popen, error_file: str | None = None) -> Any:
+    """How a rank started by :func:`start_rank_process` ended, as a ``RankFailure`` for ``report_failures`` (its
+    shell-style exit status, the exception it recorded in ``error_file`` if any); call it once the process ended."""
+    from fabric_core.runtime.failures import RankFailure, read_error_file
+
+    code = process.returncode if process.returncode is not None else process.poll()
+    error = read_error_file(error_file) if error_file is not None else None
+    return RankFailure(label, process.pid, exit_status(code) if code is not None else 1, error)
 
 
 def stop_processes(processes: Iterable[Any], grace: float | None = None) -> None:

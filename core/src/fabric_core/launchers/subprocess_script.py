@@ -387,7 +387,6 @@ class SubprocessScriptLauncher(Launcher):
         # Fix the rendezvous in this process first, so rank 0 and the children agree on the (free) port.
         rank_zero_env = self._topology(env, 0).environment(env.main_address, env.main_port)
         self._export(rank_zero_env, ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "WORLD_SIZE"))
-        preexec = processes.parent_death_signal()
         children: list[subprocess.Popen] = []
         ranks = list(range(1, self.num_processes))
         error_dir = tempfile.mkdtemp(prefix="fabric-errors-")
@@ -395,15 +394,7 @@ class SubprocessScriptLauncher(Launcher):
         with on_failure(lambda: _ChildGroup(children, ranks[: len(children)], error_dir).terminate(grace=1.0)):
             for local_rank in ranks:
                 child_env = self.child_environment(env, local_rank)
-                child_env[failures.ERROR_FILE_VARIABLE] = error_file(error_dir, local_rank)
-                children.append(
-                    subprocess.Popen(  # noqa: S603 (the user's own command line)
-                        command,
-                        env=child_env,
-                        preexec_fn=preexec,
-                        **processes.new_process_group(),
-                    )
-                )
+                children.append(processes.start_rank_process(command, child_env, error_file(error_dir, local_rank)))
         # From now on this process is local rank 0 of a complete set of launcher variables: a later `launch()` must
         # not start more children, and a later Fabric in this process sees a consistent job.
         self._export(rank_zero_env, ("LOCAL_RANK", "RANK"))

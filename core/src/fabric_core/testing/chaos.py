@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fabric_core.launchers.processes import session_processes
 from fabric_core.runtime.chaos import CHAOS_VARIABLE, Fault
 from fabric_core.runtime.hang import HANG_TIMEOUT_VARIABLE
 from fabric_core.runtime.run import RUN_DIR_VARIABLE
@@ -153,22 +154,6 @@ class ChaosReport:
         return "\n".join(lines) + "\n"
 
 
-def _session_processes(sid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[3]) == sid and fields[0] not in ("Z", "X"):
-            found.append(int(entry))
-    return found
-
-
 def _run(command: list[str], folder: Path, env: dict[str, str], timeout: float, log: Path) -> RunResult:
     folder.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -182,10 +167,10 @@ def _run(command: list[str], folder: Path, env: dict[str, str], timeout: float, 
             out.write(f"\n[fabric chaos] the command ran over its {timeout:g} s and was killed\n")
     seconds = time.monotonic() - started
     deadline = time.monotonic() + 15.0  # a stopped rank's SIGCONT helper, a launcher's last children: let them end
-    left = _session_processes(process.pid)
+    left = session_processes(process.pid)
     while left and time.monotonic() < deadline:
         time.sleep(0.2)
-        left = _session_processes(process.pid)
+        left = session_processes(process.pid)
     for pid in left:
         try:
             os.kill(pid, signal.SIGKILL)

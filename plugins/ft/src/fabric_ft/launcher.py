@@ -27,16 +27,14 @@ from typing import Any
 
 from fabric_core.environments import find_free_port
 from fabric_core.launchers import (
-    ERROR_FILE_VARIABLE,
     Launcher,
     RankFailure,
     ScriptRequest,
     exit_status,
     job_exit_code,
-    new_process_group,
-    parent_death_signal,
-    read_error_file,
+    rank_failure,
     report_failures,
+    start_rank_process,
     stop_processes,
 )
 from fabric_ft.variables import (
@@ -136,8 +134,6 @@ class _Job:
         return [*head, *request.script_args]
 
     def _start(self, group: _Group) -> None:
-        import subprocess
-
         group.attempt += 1
         request = self.request
         port = find_free_port()
@@ -154,17 +150,12 @@ class _Job:
                     REPLICA_GROUP_VARIABLE: str(group.index),
                     NUM_REPLICA_GROUPS_VARIABLE: str(len(self.groups)),
                     HOSTNAME_VARIABLE: "127.0.0.1",
-                    ERROR_FILE_VARIABLE: error_file,
                     # one run id per group: each group is a job of its own, restarted on its own
                     "TORCHELASTIC_RUN_ID": f"{request.run_id}-group{group.index}",
                 }
             )
             group.error_files.append(error_file)
-            group.processes.append(
-                subprocess.Popen(
-                    self._command(), env=env, preexec_fn=parent_death_signal(), **new_process_group()
-                )
-            )
+            group.processes.append(start_rank_process(self._command(), env, error_file))
         what = (
             "started"
             if group.attempt == 0
@@ -186,12 +177,7 @@ class _Job:
             return
         stop_processes(group.processes)
         failures = [
-            RankFailure(
-                f"replica group {group.index} rank {i}",
-                process.pid,
-                exit_status(process.returncode),
-                read_error_file(group.error_files[i]),
-            )
+            rank_failure(f"replica group {group.index} rank {i}", process, group.error_files[i])
             for i, process in enumerate(group.processes)
             if process.returncode not in (None, 0)
         ]

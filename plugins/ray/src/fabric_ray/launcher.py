@@ -40,17 +40,14 @@ from typing import Any
 
 from fabric_core.environments import find_free_port
 from fabric_core.launchers import (
-    ERROR_FILE_VARIABLE,
     Launcher,
     RankFailure,
     RecordedError,
     ScriptRequest,
-    exit_status,
     job_exit_code,
-    new_process_group,
-    parent_death_signal,
-    read_error_file,
+    rank_failure,
     report_failures,
+    start_rank_process,
     stop_processes,
 )
 from fabric_core.strategies import Topology
@@ -541,15 +538,15 @@ class _Worker:
         import tempfile
 
         self._error_file = os.path.join(tempfile.mkdtemp(prefix="fabric-ray-"), "error.json")
-        environ = {**os.environ, **env, ERROR_FILE_VARIABLE: self._error_file, "PYTHONUNBUFFERED": "1"}
-        self._process = subprocess.Popen(
+        environ = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+        # its own process group, dying with its actor (ray.kill, a lost node): no script outlives it
+        self._process = start_rank_process(
             [sys.executable, *command],
-            env=environ,
+            environ,
+            self._error_file,
             cwd=cwd if os.path.isdir(cwd) else None,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            preexec_fn=parent_death_signal(),  # no script outlives its actor (ray.kill, a lost node)
-            **new_process_group(),
         )
         for number, stream in ((1, self._process.stdout), (2, self._process.stderr)):
             reader = threading.Thread(target=self._read, args=(number, stream), daemon=True)
@@ -576,7 +573,8 @@ class _Worker:
                 break
         if not done:
             return lines, None
-        return lines, (exit_status(code), read_error_file(self._error_file), self._stopped)
+        ended = rank_failure("", self._process, self._error_file)  # its shell-style status and recorded exception
+        return lines, (ended.exit_code, ended.error, self._stopped)
 
     def stop(self, grace: float) -> None:
         """SIGTERM to the child's process group, SIGKILL after ``grace`` seconds."""

@@ -7,22 +7,17 @@ Options: ``--local-procs-address ADDRESS`` (where rank 0 listens, default 127.0.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
 from fabric_core.environments import find_free_port
 from fabric_core.launchers import (
-    ERROR_FILE_VARIABLE,
     Launcher,
-    RankFailure,
-    exit_status,
     job_exit_code,
-    new_process_group,
-    parent_death_signal,
-    read_error_file,
+    rank_failure,
     report_failures,
+    start_rank_process,
     stop_processes,
 )
 
@@ -60,19 +55,9 @@ class LocalProcessesLauncher(Launcher):
             for node in range(request.num_nodes):
                 for local in range(request.processes_per_node):
                     error_file = os.path.join(errors, f"node{node}-local{local}.json")
-                    env = {
-                        **os.environ,
-                        **request.process_environment(node, local, address, port, restart=attempt),
-                        ERROR_FILE_VARIABLE: error_file,
-                    }
-                    processes.append(
-                        subprocess.Popen(
-                            [sys.executable, *target, *request.script_args],
-                            env=env,
-                            preexec_fn=parent_death_signal(),
-                            **new_process_group(),
-                        )
-                    )
+                    env = {**os.environ, **request.process_environment(node, local, address, port, restart=attempt)}
+                    command = [sys.executable, *target, *request.script_args]
+                    processes.append(start_rank_process(command, env, error_file))
                     error_files.append(error_file)
             try:
                 while True:
@@ -83,7 +68,7 @@ class LocalProcessesLauncher(Launcher):
             finally:
                 stop_processes(processes, grace)  # the others, after a failure (or Ctrl-C): with what they started
             failures = [
-                RankFailure(f"Rank {rank}", p.pid, exit_status(p.returncode), read_error_file(error_file))
+                rank_failure(f"Rank {rank}", p, error_file)
                 for rank, (p, error_file) in enumerate(zip(processes, error_files))
                 if p.returncode != 0
             ]
