@@ -148,6 +148,56 @@ def emit(result: Any) -> None:
     sys.stdout.flush()
 
 
+def timed_training(model: Any, optimizer: Any, x: Any, target: Any, fabric: Any, warmup: int, steps: int) -> dict:
+    """The workers' loop: ``warmup + steps`` MSE steps (``fabric.backward`` under a Fabric, ``loss.backward()``
+    without), timed one by one. Returns the moment the first step ended (``time.time()``), the steady steps/s (the
+    median step: a step in which another process of a shared machine preempted us does not count), the mean steps/s
+    and the last loss."""
+    import torch.nn.functional as F
+
+    t_first, durations, loss = 0.0, [], None
+    for i in range(warmup + steps):
+        t_step = time.perf_counter()
+        loss = F.mse_loss(model(x), target)
+        if fabric is None:
+            loss.backward()
+        else:
+            fabric.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        if i == 0:
+            t_first = time.time()
+        if i >= warmup:
+            durations.append(time.perf_counter() - t_step)
+    durations.sort()
+    return {
+        "t_first": t_first,
+        "steady_steps_per_s": 1.0 / durations[len(durations) // 2],
+        "mean_steps_per_s": len(durations) / sum(durations),
+        "final_loss": float(loss.detach()) if loss is not None else float("nan"),
+    }
+
+
+def emit_training(args: Any, world: int, t0: float, t_imported: float, t_setup: float, timed: dict) -> None:
+    """:func:`emit` the result of :func:`timed_training` with the moments of the worker's start-up."""
+    import torch
+
+    emit(
+        {
+            "impl": args.impl,
+            "strategy": args.strategy,
+            "world_size": world,
+            "threads": torch.get_num_threads(),
+            "imported_s": t_imported - t0,
+            "setup_s": t_setup - t0,
+            "first_step_s": timed["t_first"] - t0,
+            "steady_steps_per_s": timed["steady_steps_per_s"],
+            "mean_steps_per_s": timed["mean_steps_per_s"],
+            "final_loss": timed["final_loss"],
+        }
+    )
+
+
 def parse_result(stdout: str) -> Any:
     for line in reversed(stdout.splitlines()):
         if line.startswith(RESULT_PREFIX):

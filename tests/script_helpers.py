@@ -45,3 +45,36 @@ def expect_error(kind: type[BaseException], match: str, fn, *args, **kwargs) -> 
 def out_dir() -> Path:
     """The output folder the test passed as the script's first argument."""
     return Path(sys.argv[1])
+
+
+def run_on_two_ranks(body, launcher: str) -> None:
+    """``body(fabric)`` on 2 CPU ranks, started the way ``launcher`` says: ``cli`` (``fabric run`` started this
+    process: a plain ``Fabric()``), ``spawn`` (``ddp_spawn`` runs ``body`` in new processes), otherwise ``script``
+    (``ddp`` re-runs this script for rank 1)."""
+    from fabric_core import Fabric
+
+    if launcher == "cli":
+        body(Fabric())
+    elif launcher == "spawn":
+        Fabric(accelerator="cpu", strategy="ddp_spawn", devices=2).launch(body)
+    else:
+        fabric = Fabric(accelerator="cpu", strategy="ddp", devices=2)
+        fabric.launch()
+        body(fabric)
+
+
+class GlobalRngSampler(torch.utils.data.Sampler):
+    """A sampler without a ``generator`` attribute that draws from torch's and Python's global RNGs."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        import random
+
+        order = torch.randperm(self.n).tolist()
+        random.shuffle(order)
+        return iter(order)
+
+    def __len__(self) -> int:
+        return self.n

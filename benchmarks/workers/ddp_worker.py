@@ -27,7 +27,7 @@ from torch import nn  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)  # the repository root, for `benchmarks` when torchrun starts this file
-from benchmarks._common import emit, rotated  # noqa: E402
+from benchmarks._common import emit, emit_training, rotated, timed_training  # noqa: E402
 
 
 def build_model() -> nn.Module:
@@ -146,40 +146,9 @@ def main() -> None:
 
     g = torch.Generator().manual_seed(rank)
     x, y = torch.randn(args.batch, 512, generator=g), torch.randn(args.batch, 512, generator=g)
-    t_first = 0.0
-    durations = []
-    for i in range(args.warmup + args.steps):
-        t_step = time.perf_counter()
-        loss = F.mse_loss(model(x), y)
-        if fabric is None:
-            loss.backward()
-        else:
-            fabric.backward(loss)
-        optimizer.step()
-        optimizer.zero_grad()
-        if i == 0:
-            t_first = time.time()
-        if i >= args.warmup:
-            durations.append(time.perf_counter() - t_step)
-    # The median step: a step in which another process of a shared machine preempted us does not count.
-    durations.sort()
-    median_step = durations[len(durations) // 2]
-
+    timed = timed_training(model, optimizer, x, y, fabric, args.warmup, args.steps)
     if rank == 0:
-        emit(
-            {
-                "impl": args.impl,
-                "strategy": args.strategy,
-                "world_size": world,
-                "threads": torch.get_num_threads(),
-                "imported_s": t_imported - t0,
-                "setup_s": t_setup - t0,
-                "first_step_s": t_first - t0,
-                "steady_steps_per_s": 1.0 / median_step,
-                "mean_steps_per_s": len(durations) / sum(durations),
-                "final_loss": float(loss.detach()),
-            }
-        )
+        emit_training(args, world, t0, t_imported, t_setup, timed)
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()

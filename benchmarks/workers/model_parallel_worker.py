@@ -32,26 +32,17 @@ from torch import nn  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)  # the repository root, for `benchmarks` when torchrun starts this file
-from benchmarks._common import emit, rotated  # noqa: E402
+from benchmarks._common import emit, emit_training, rotated, timed_training  # noqa: E402
+from benchmarks.workers.blocks import Block  # noqa: E402
 
 WIDTH, HIDDEN = 512, 1024
 MESH_SHAPE = (1, 2)  # (data_parallel, tensor_parallel)
 MESH_DIMENSIONS = ("data_parallel", "tensor_parallel")
 
 
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.up = nn.Linear(WIDTH, HIDDEN)
-        self.down = nn.Linear(HIDDEN, WIDTH)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(torch.relu(self.up(x)))
-
-
 def build_model() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(Block(), Block())
+    return nn.Sequential(Block(WIDTH, HIDDEN), Block(WIDTH, HIDDEN))
 
 
 def parallelize(model: nn.Module, mesh) -> nn.Module:
@@ -211,39 +202,9 @@ def main() -> None:
     t_setup = time.time()
 
     x = batch(args.batch)
-    t_first = 0.0
-    durations = []
-    for i in range(args.warmup + args.steps):
-        t_step = time.perf_counter()
-        loss = F.mse_loss(model(x), x)
-        if fabric is None:
-            loss.backward()
-        else:
-            fabric.backward(loss)
-        optimizer.step()
-        optimizer.zero_grad()
-        if i == 0:
-            t_first = time.time()
-        if i >= args.warmup:
-            durations.append(time.perf_counter() - t_step)
-    durations.sort()
-    median_step = durations[len(durations) // 2]
-
+    timed = timed_training(model, optimizer, x, x, fabric, args.warmup, args.steps)
     if rank == 0:
-        emit(
-            {
-                "impl": args.impl,
-                "strategy": args.strategy,
-                "world_size": world,
-                "threads": torch.get_num_threads(),
-                "imported_s": t_imported - t0,
-                "setup_s": t_setup - t0,
-                "first_step_s": t_first - t0,
-                "steady_steps_per_s": 1.0 / median_step,
-                "mean_steps_per_s": len(durations) / sum(durations),
-                "final_loss": float(loss.detach()),
-            }
-        )
+        emit_training(args, world, t0, t_imported, t_setup, timed)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -36,23 +36,14 @@ from torch import nn
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)  # the repository root, for `benchmarks` when torchrun starts this file
 from benchmarks._common import emit, peak_rss_kib, reset_peak_rss, rotated, rss_kib  # noqa: E402
+from benchmarks.workers.blocks import Block  # noqa: E402
 
 WIDTH, HIDDEN, BLOCKS = 256, 1024, 8
 
 
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.up = nn.Linear(WIDTH, HIDDEN)
-        self.down = nn.Linear(HIDDEN, WIDTH)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(torch.tanh(self.up(x)))
-
-
 def build() -> nn.Sequential:
     torch.manual_seed(0)
-    return nn.Sequential(*[Block() for _ in range(BLOCKS)])
+    return nn.Sequential(*[Block(WIDTH, HIDDEN, torch.tanh) for _ in range(BLOCKS)])
 
 
 def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -5,6 +5,7 @@ import random
 
 import pytest
 import torch
+from script_helpers import GlobalRngSampler
 from torch.utils.data import (
     BatchSampler,
     DataLoader,
@@ -117,21 +118,6 @@ def test_wrapper_set_epoch_without_wrapped_set_epoch():
     wrapper.set_epoch(2)
     assert wrapper.epoch == 2
     assert list(wrapper) == [1, 3]
-
-
-class GlobalRngSampler(Sampler):
-    """No ``generator`` attribute: draws from torch's and Python's global RNGs."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __iter__(self):
-        order = torch.randperm(self.n).tolist()
-        random.shuffle(order)
-        return iter(order)
-
-    def __len__(self) -> int:
-        return self.n
 
 
 def _shards(make_sampler, epochs=(0, 1), seed=0, world=2):

@@ -1105,6 +1105,31 @@ def test_log_converts_tensors_and_passes_keywords():
     assert logger.calls[-1]["metrics"] == {"requires_grad": 2.0}
 
 
+def test_the_strategys_own_metrics_are_logged_beside_the_users():
+    """`Strategy.metrics()` (a fault-tolerant quorum's size, say) goes with every log call, at the user's step; a name
+    the user logs keeps the user's value; without loggers the strategy is not even asked."""
+
+    class Measured(SingleDeviceStrategy):
+        asked = 0
+
+        def metrics(self):
+            self.asked += 1
+            return {"strategy/size": 3.0, "loss": -1.0}
+
+    logger = RecordingLogger()
+    fabric = Fabric(strategy=Measured(device="cpu"), loggers=[logger])
+    fabric.log("loss", torch.tensor(0.5), step=7)
+    fabric.log_dict({"acc": 1.0}, step=8)
+    assert logger.calls == [
+        {"metrics": {"strategy/size": 3.0, "loss": 0.5}, "step": 7},
+        {"metrics": {"strategy/size": 3.0, "loss": -1.0, "acc": 1.0}, "step": 8},
+    ]
+    quiet = Measured(device="cpu")
+    Fabric(strategy=quiet).log("loss", 1.0)
+    assert quiet.asked == 0
+    assert SingleDeviceStrategy(device="cpu").metrics() == {}  # the default adds nothing
+
+
 def test_log_without_loggers_is_a_no_op(tmp_path, monkeypatch):
     """Without loggers, logging returns at once: no tensor is read (`.item()` would wait for the device on a GPU),
     nothing is written, and no default logger appears. With a logger the same calls read every tensor."""

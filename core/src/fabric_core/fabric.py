@@ -1069,10 +1069,14 @@ class Fabric:
         self.log_dict({name: value}, step=step)
 
     def log_dict(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
-        """Send metrics to every logger; tensors become Python scalars first."""
+        """Send metrics to every logger; tensors become Python scalars first. The strategy's own metrics
+        (:meth:`Strategy.metrics`, e.g. a fault-tolerant quorum's size) go with them."""
         if not self._loggers:
             return
         metrics = convert_tensors_to_scalars(metrics)
+        own = self._strategy.metrics()
+        if own:
+            metrics = {**own, **metrics}
         for logger in self._loggers:
             logger.log_metrics(metrics=metrics, step=step)
         if not self._goodput_at_exit:  # registered after the loggers opened (and registered their finalizers): runs first

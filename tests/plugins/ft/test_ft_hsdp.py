@@ -2,7 +2,8 @@
 processes, all started by ``fabric run --launcher ft`` with a real lighthouse on loopback. One process of group 1 is
 SIGKILLed: the launcher ends the rest of group 1 and starts the group again, group 0 keeps stepping alone meanwhile,
 the restarted group copies the live state (each process its own shards) and takes part again, and every process of
-both groups ends with bit-identical weights. The launcher exits 0 and leaves no process behind."""
+both groups ends with bit-identical weights. The launcher exits 0 and leaves no process behind. The same with DDP inside
+each group (``FaultTolerant("ddp", find_unused_parameters=True)``: the bucket averaged in the group, then across)."""
 
 from __future__ import annotations
 
@@ -36,12 +37,13 @@ def _last(folder: Path) -> dict:
     return records[-1] if records else {"step": -1, "participants": 0}
 
 
-def test_one_process_of_a_replica_group_dies_and_its_group_rejoins(tmp_path: Path):
+@pytest.mark.parametrize("inside", ["ft_fsdp", "ft_ddp_group"], ids=["fsdp-inside", "ddp-inside"])
+def test_one_process_of_a_replica_group_dies_and_its_group_rejoins(tmp_path: Path, inside: str):
     # multiprocess-check: starts ranks (a launcher, a lighthouse and 2 replica groups of 2 processes)
     out, stop = tmp_path / "out", tmp_path / "stop"
     # the replacement of group 1 takes 5 s to arrive: group 0 steps alone meanwhile (a quick restart could rejoin before
     # the lighthouse gives up on the dead group, and group 0 would never be alone)
-    env = job_env(FT_TEST_STRATEGY="ft_fsdp", FT_TEST_PER_PROCESS="1", FT_TEST_RESTART_DELAY="5", OMP_NUM_THREADS="1")
+    env = job_env(FT_TEST_STRATEGY=inside, FT_TEST_PER_PROCESS="1", FT_TEST_RESTART_DELAY="5", OMP_NUM_THREADS="1")
     command = [*fabric_command(), "--launcher", "ft", "--ft-groups", "2", "--devices", "2", "--max-restarts", "1"]
     command += ["--accelerator", "cpu", str(TRAIN), str(out), str(stop), "0.02"]
     job = start_job(command, tmp_path / "job.log", env=env)
@@ -77,6 +79,6 @@ def test_one_process_of_a_replica_group_dies_and_its_group_rejoins(tmp_path: Pat
     results = [json.loads((p / "result.json").read_text()) for p in (out / "g0-a0-r0", restarted[0])]
     assert results[0]["step"] == results[1]["step"]
     assert results[0]["loss"] < 0.1 * results[0]["initial_loss"]  # it trained
-    # fabric.save beside it: the first group of the quorum wrote the sharded checkpoint, the other did not.
+    # fabric.save beside it: the first group of the quorum wrote the checkpoint (sharded: a folder), the other did not.
     written = sorted(p.name for p in out.glob("checkpoint-g*.ckpt"))
-    assert len(written) == 1 and (out / written[0]).is_dir(), written
+    assert len(written) == 1 and (out / written[0]).is_dir() == (inside == "ft_fsdp"), written

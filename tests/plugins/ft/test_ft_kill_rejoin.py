@@ -9,6 +9,7 @@ the step that was not committed included. Every process is started here and must
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -49,6 +50,7 @@ def test_a_killed_replica_group_rejoins_and_every_sample_is_trained_once(tmp_pat
     env = job_env(
         FT_TEST_PER_PROCESS="1", FT_TEST_STOP_IN_STEP=str(KILL_AT), FT_TEST_STOP_GROUP="1", FABRIC_SAMPLE_LEDGER=str(ledger),
         OMP_NUM_THREADS="1", FT_TEST_RESTART_DELAY="5",  # the replacement takes 5 s: groups 0 and 2 step in a quorum of 2
+        FT_TEST_LOG="1",  # a CSV logger per process: the loss every step, the quorum metrics beside it
     )  # fmt: skip
     command = [*fabric_command(), "--launcher", "ft", "--ft-groups", "3", "--devices", "1", "--max-restarts", "1"]
     job = start_job([*command, "--accelerator", "cpu", str(TRAIN), str(out), str(stop), "0.02"], tmp_path / "job.log", env=env)
@@ -115,6 +117,15 @@ def test_a_killed_replica_group_rejoins_and_every_sample_is_trained_once(tmp_pat
     assert book.ok, book.text()
     assert len(epochs) >= 2 and all(e.trained == e.reached for e in epochs.values()), book.text()
     assert all(e.reached == e.size for epoch, e in epochs.items() if epoch < max(epochs)), book.text()
+
+    # The quorum as metrics, beside the loss the script logs (`Strategy.metrics()`): group 0's CSV shows 3 groups, then
+    # 2 while group 1 was away, then 3 again, and counts those changes.
+    with open(survivors[0] / "logs" / "ft" / "version_0" / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    sizes = [int(float(r["ft/quorum_size"])) for r in rows if r.get("ft/quorum_size")]
+    runs = [size for i, size in enumerate(sizes) if i == 0 or size != sizes[i - 1]]
+    assert runs[-3:] == [3, 2, 3] and all(r["loss"] for r in rows), runs
+    assert float(rows[-1]["ft/quorum_changes"]) >= 2 and float(rows[-1]["ft/step"]) == stop_at, rows[-1]
 
     steps = _progress(survivors[0])
     gaps = [b["t"] - a["t"] for a, b in zip(steps, steps[1:])]

@@ -449,6 +449,13 @@ class Strategy(ABC):
         its next synchronisation); a mapping: trained, with these facts added to the ledger's records of them."""
         return True
 
+    def metrics(self) -> Mapping[str, float]:
+        """What the strategy measures about itself, logged beside the user's metrics at every ``fabric.log``/
+        ``fabric.log_dict`` (at the user's step; a name the user logs too keeps the user's value). Empty by default;
+        fabric-ft gives the quorum's size and changes (``ft/quorum_size``, ``ft/quorum_changes``, ...). Must be cheap:
+        it is asked at every log call."""
+        return {}
+
     @property
     def backward_sync_control(self) -> BackwardSyncControl | None:
         """What ``fabric.no_backward_sync`` uses; ``None`` when the strategy cannot skip gradient sync."""

@@ -488,23 +488,15 @@ class FaultTolerant(Strategy):
                 f" step {manager.current_step()}"
             )
             self._participants = participants
-            self.log_quorum()
-
-    def log_quorum(self) -> None:
-        """Where the quorum's size and changes go as metrics (see :meth:`metrics`); the Fabric's loggers when it
-        gave the strategy a way to them."""
-        log = getattr(self, "_log_metrics", None)
-        if callable(log):
-            log(self.metrics(), step=self.manager.current_step())
 
     def metrics(self) -> dict[str, float]:
-        """``ft/quorum_size`` (replica groups in the last quorum), ``ft/quorum_changes`` (how often it changed),
-        ``ft/step`` (torchft's committed steps), ``ft/steps_dropped`` and ``ft/samples_requeued`` (steps not committed
-        and their samples queued again)."""
+        """Logged beside the user's metrics at every ``fabric.log``: ``ft/quorum_size`` (replica groups in the last
+        quorum), ``ft/quorum_changes`` (how often it changed), ``ft/step`` (torchft's committed steps),
+        ``ft/steps_dropped`` and ``ft/samples_requeued`` (steps not committed and their samples queued again)."""
         return {
             "ft/quorum_size": float(self._participants or 0),
             "ft/quorum_changes": float(self._quorum_changes),
-            "ft/step": float(self.manager.current_step()),
+            "ft/step": float(self._manager.current_step() if self._manager is not None else 0),  # starts nothing
             "ft/steps_dropped": float(self.data.steps_dropped),
             "ft/samples_requeued": float(self.data.samples_requeued),
         }

@@ -17,31 +17,19 @@ import warnings
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset, Sampler, WeightedRandomSampler
+from torch.utils.data import DataLoader, IterableDataset, WeightedRandomSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from fabric_core import Fabric
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # tests/: the scripts' shared helpers
+from script_helpers import GlobalRngSampler  # noqa: E402
 
 N = 40  # samples; 20 per rank, 7 batches of 3 (the last one of 2)
 BATCH = 3
 EPOCHS = 3
 SAVE_AT = 4  # batches of the epoch consumed when the checkpoint is written
 SAVE_EPOCHS = (0, 1)
-
-
-class GlobalRngSampler(Sampler):
-    """A sampler without a ``generator`` attribute that draws from torch's and Python's global RNGs."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __iter__(self):
-        order = torch.randperm(self.n).tolist()
-        random.shuffle(order)
-        return iter(order)
-
-    def __len__(self) -> int:
-        return self.n
 
 
 class Stream(IterableDataset):

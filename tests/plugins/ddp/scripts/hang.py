@@ -17,6 +17,9 @@ import torch
 
 from fabric_core import Fabric
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # tests/: the scripts' shared helpers
+from script_helpers import run_on_two_ranks  # noqa: E402
+
 LAUNCHER, STUCK, OUTDIR = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
 
 
@@ -38,11 +41,4 @@ def body(fabric: Fabric) -> None:
 
 
 if __name__ == "__main__":
-    if LAUNCHER == "cli":
-        body(Fabric())
-    elif LAUNCHER == "spawn":
-        Fabric(accelerator="cpu", strategy="ddp_spawn", devices=2).launch(body)
-    else:
-        fabric = Fabric(accelerator="cpu", strategy="ddp", devices=2)
-        fabric.launch()
-        body(fabric)
+    run_on_two_ranks(body, LAUNCHER)

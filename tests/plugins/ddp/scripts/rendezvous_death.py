@@ -20,6 +20,9 @@ import torch.distributed.distributed_c10d as c10d
 
 from fabric_core import Fabric
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # tests/: the scripts' shared helpers
+from script_helpers import run_on_two_ranks  # noqa: E402
+
 LAUNCHER, WHERE, OUTDIR = sys.argv[1], sys.argv[2], sys.argv[3]
 
 
@@ -67,11 +70,4 @@ def body(fabric: Fabric) -> None:
 
 
 if __name__ == "__main__":
-    if LAUNCHER == "cli":
-        body(Fabric())
-    elif LAUNCHER == "spawn":
-        Fabric(accelerator="cpu", strategy="ddp_spawn", devices=2).launch(body)
-    else:
-        fabric = Fabric(accelerator="cpu", strategy="ddp", devices=2)
-        fabric.launch()
-        body(fabric)
+    run_on_two_ranks(body, LAUNCHER)

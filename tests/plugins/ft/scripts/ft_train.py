@@ -33,12 +33,15 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fabric_core import Fabric
+from fabric_core.loggers import CSVLogger
 from fabric_ft import FaultTolerant, FTDDPStrategy
 
 
 def _strategy(kind: str):
     if kind == "ft_fsdp":
         return FaultTolerant("fsdp", hostname="127.0.0.1")
+    if kind == "ft_ddp_group":  # DDP inside each group of several processes
+        return FaultTolerant("ddp", hostname="127.0.0.1", find_unused_parameters=True)
     if kind in ("diloco", "local_sgd"):
         every = int(os.environ.get("FT_TEST_SYNC_EVERY", "5"))
         lr, momentum = (float(v) for v in os.environ.get("FT_TEST_OUTER", "0.5,0.3").split(","))
@@ -58,11 +61,16 @@ def main(out: Path, stop: Path, sleep: float) -> None:
     kind = os.environ.get("FT_TEST_STRATEGY", "ft_ddp")
     # FT_TEST_ACCELERATOR=cuda: the GPU lane's run (ProcessGroupNCCL between the groups)
     accelerator = os.environ.get("FT_TEST_ACCELERATOR", "cpu")
-    fabric = Fabric(accelerator=accelerator, strategy=_strategy(kind))
     base = out
+    strategy = _strategy(kind)
+    loggers = None
     if os.environ.get("FT_TEST_PER_PROCESS") == "1":
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        out = out / f"g{fabric.strategy.replica_group}-a{attempt}-r{fabric.global_rank}"
+        rank = os.environ.get("RANK", "0")
+        out = out / f"g{os.environ['REPLICA_GROUP_ID']}-a{attempt}-r{rank}"
+        if os.environ.get("FT_TEST_LOG") == "1":  # the loss every step, with the strategy's quorum metrics beside it
+            loggers = CSVLogger(out / "logs", name="ft", version=0, flush_logs_every_n_steps=1)
+    fabric = Fabric(accelerator=accelerator, strategy=strategy, loggers=loggers)
     out.mkdir(parents=True, exist_ok=True)
     (out / "pid").write_text(str(os.getpid()))
     torch.manual_seed(0)  # the same data and the same initial weights in every group
@@ -109,6 +117,7 @@ def main(out: Path, stop: Path, sleep: float) -> None:
                       "committed": committed, "changed": changed, "t": time.time(), "local": local}  # fmt: skip
             log.write(json.dumps(record) + "\n")
             log.flush()
+            fabric.log("loss", loss.detach(), step=manager.current_step())
             if stopping():
                 break
             time.sleep(sleep)
