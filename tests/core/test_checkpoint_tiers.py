@@ -106,6 +106,26 @@ def test_snapshots_keep_the_newest_steps_and_the_keeper_writes_the_disk_tier(tmp
     assert keeper.local_client(memory_dir) is None or not (memory_dir / "own").exists()
 
 
+def test_waiting_for_one_tiers_handle_alone_returns_once_the_file_is_written(tmp_path: Path, memory_dir: Path):
+    """The disk file of a step is written by the keeper from that step's memory snapshot, whose last copies overlap
+    the next step: waiting on the disk handle alone (not `TierSave.wait()`) completes the snapshot first instead of
+    waiting for a step that the waiting caller will never take."""
+    import threading
+
+    fabric, model, optimizer, tiers, state = _setup(tmp_path, memory_every=1, disk_every=1)
+    loss = model(torch.randn(6, 4)).pow(2).mean()
+    fabric.backward(loss)
+    optimizer.step()
+    saved = tiers.save(1, state)
+    waiter = threading.Thread(target=saved.handles["disk"].wait, daemon=True)
+    waiter.start()
+    waiter.join(60)
+    assert not waiter.is_alive(), "the disk handle's wait() did not return"
+    on_disk = torch.load(tmp_path / "run" / "checkpoints" / "step-000000001.ckpt", weights_only=True)
+    assert on_disk["step"] == 0 and _same(on_disk["model"], model.state_dict())
+    tiers.close()
+
+
 def test_a_corrupted_snapshot_is_skipped_for_the_one_before_and_a_torn_one_is_never_seen(tmp_path: Path, memory_dir: Path):
     fabric, model, optimizer, tiers, state = _setup(tmp_path, memory_every=1, memory_keep_last=3, disk=None)
     seen = _train(fabric, model, optimizer, tiers, state, 4)

@@ -16,6 +16,7 @@ _lazy_getattr, __dir__ = lazy_exports(
     "fabric-core",
     {
         "ClusterEnvironment": _BASE,
+        "ExternallyLaunched": _BASE,
         "InvalidEnvironmentVariable": _BASE,
         "MissingEnvironmentVariable": _BASE,
         "env_int": _BASE,
@@ -56,6 +57,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "BUILTIN_ENVIRONMENTS",
     "ClusterEnvironment",
+    "ExternallyLaunched",
     "InvalidEnvironmentVariable",
     "KubeflowEnvironment",
     "LSFEnvironment",

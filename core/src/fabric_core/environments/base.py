@@ -164,6 +164,20 @@ class ClusterEnvironment(ABC):
         return f"{type(self).__name__}()"
 
 
+class ExternallyLaunched(ClusterEnvironment):
+    """An environment whose processes a launcher outside the library started (mpirun, Ray Train, ...):
+    :attr:`creates_processes_externally` is true and rank 0's host is ``MASTER_ADDR`` (``127.0.0.1`` without it).
+    A subclass says the rest: ranks, the port and how it is detected."""
+
+    @property
+    def creates_processes_externally(self) -> bool:
+        return True
+
+    @property
+    def main_address(self) -> str:
+        return os.environ.get("MASTER_ADDR") or "127.0.0.1"
+
+
 def select_environment(classes: Iterable[type[ClusterEnvironment]]) -> ClusterEnvironment:
     """Instantiate the first class, by ascending ``detect_priority``, whose ``detect()`` is true.
 

@@ -8,7 +8,7 @@ import os
 import zlib
 from typing import ClassVar
 
-from fabric_core.environments.base import ClusterEnvironment, MissingEnvironmentVariable, env_int
+from fabric_core.environments.base import ExternallyLaunched, MissingEnvironmentVariable, env_int
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ def _require_int(*names: str) -> int:
     return value
 
 
-class MPIEnvironment(ClusterEnvironment):
+class MPIEnvironment(ExternallyLaunched):
     """Ranks read from the variables the MPI launcher exports, so no MPI call (and no mpi4py import) is needed.
 
     Detection still requires mpi4py to be installed, so that a stray ``PMI_SIZE`` alone does not switch the
@@ -48,14 +48,6 @@ class MPIEnvironment(ClusterEnvironment):
 
     name: ClassVar[str] = "mpi"
     detect_priority: ClassVar[int | None] = 40
-
-    @property
-    def creates_processes_externally(self) -> bool:
-        return True
-
-    @property
-    def main_address(self) -> str:
-        return os.environ.get("MASTER_ADDR") or "127.0.0.1"
 
     @property
     def main_port(self) -> int:

@@ -51,15 +51,20 @@ class CheckpointHandle:
     durable.
     """
 
-    def __init__(self, path: str, future: Future) -> None:
+    def __init__(self, path: str, future: Future, before_wait: Callable[[], Any] | None = None) -> None:
         self.path = path
         self._future = future
+        #: Called by :meth:`wait` first, in the waiting thread: what the caller's side must finish for the background
+        #: part to complete (a memory snapshot's last copies, which otherwise wait for the next optimizer step).
+        self.before_wait = before_wait
 
     def done(self) -> bool:
         return self._future.done()
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until the save is complete (see the class); raise :class:`BackgroundSaveError` if it failed."""
+        if self.before_wait is not None:
+            self.before_wait()
         _raise_from(self._future, self.path, timeout)
         _forget(self._future)
         _join_if_idle()

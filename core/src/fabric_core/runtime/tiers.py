@@ -511,6 +511,7 @@ class CheckpointTiers:
                         store.prune(self._writer.folder, self._writer.keep_last)
 
             handle = background.submit(location, write)
+            handle.before_wait = self._finish_snapshot  # the file waits for the snapshot's copies overlapping the next step
             if keep_last is not None:
                 background.submit(location, partial(retention.prune, location, keep_last))
             return handle

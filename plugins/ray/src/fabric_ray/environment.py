@@ -8,11 +8,10 @@ code imported it to run the user's function). ``import fabric_core``/``Fabric()`
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any, ClassVar
 
-from fabric_core.environments import ClusterEnvironment, env_int
+from fabric_core.environments import ExternallyLaunched, env_int
 from fabric_core.utilities import set_rank
 
 
@@ -33,7 +32,7 @@ def train_context() -> Any | None:
     return context
 
 
-class RayTrainEnvironment(ClusterEnvironment):
+class RayTrainEnvironment(ExternallyLaunched):
     """A process started by Ray Train (``TorchTrainer``'s ``train_loop_per_worker``).
 
     Ray owns every rank: world size, global, local and node rank come from ``ray.train.get_context()`` and the
@@ -55,14 +54,6 @@ class RayTrainEnvironment(ClusterEnvironment):
             )
         self._context = context
         set_rank(self.global_rank())
-
-    @property
-    def creates_processes_externally(self) -> bool:
-        return True
-
-    @property
-    def main_address(self) -> str:
-        return os.environ.get("MASTER_ADDR") or "127.0.0.1"
 
     @property
     def main_port(self) -> int:

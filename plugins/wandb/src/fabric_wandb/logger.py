@@ -168,15 +168,10 @@ class WandbLogger(Logger):
 
     @property
     def save_dir(self) -> str:
+        """The folder W&B writes its run into (``wandb/`` below it); also ``root_dir`` and ``log_dir``."""
         return self._save_dir
 
-    @property
-    def root_dir(self) -> str:
-        return self._save_dir
-
-    @property
-    def log_dir(self) -> str:
-        return self._save_dir
+    root_dir = log_dir = save_dir
 
     @property
     def group_separator(self) -> str:
