@@ -148,23 +148,29 @@ def emit(result: Any) -> None:
     sys.stdout.flush()
 
 
+def train_step(model: Any, optimizer: Any, x: Any, target: Any, fabric: Any = None) -> Any:
+    """One MSE step of the workers' loops: ``fabric.backward`` under a Fabric, ``loss.backward()`` without it."""
+    import torch.nn.functional as F
+
+    loss = F.mse_loss(model(x), target)
+    if fabric is None:
+        loss.backward()
+    else:
+        fabric.backward(loss)
+    optimizer.step()
+    optimizer.zero_grad()
+    return loss
+
+
 def timed_training(model: Any, optimizer: Any, x: Any, target: Any, fabric: Any, warmup: int, steps: int) -> dict:
     """The workers' loop: ``warmup + steps`` MSE steps (``fabric.backward`` under a Fabric, ``loss.backward()``
     without), timed one by one. Returns the moment the first step ended (``time.time()``), the steady steps/s (the
     median step: a step in which another process of a shared machine preempted us does not count), the mean steps/s
     and the last loss."""
-    import torch.nn.functional as F
-
     t_first, durations, loss = 0.0, [], None
     for i in range(warmup + steps):
         t_step = time.perf_counter()
-        loss = F.mse_loss(model(x), target)
-        if fabric is None:
-            loss.backward()
-        else:
-            fabric.backward(loss)
-        optimizer.step()
-        optimizer.zero_grad()
+        loss = train_step(model, optimizer, x, target, fabric)
         if i == 0:
             t_first = time.time()
         if i >= warmup:

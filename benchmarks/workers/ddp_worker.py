@@ -22,12 +22,11 @@ T_PROCESS = time.time()
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)  # the repository root, for `benchmarks` when torchrun starts this file
-from benchmarks._common import emit, emit_training, rotated, timed_training  # noqa: E402
+from benchmarks._common import emit, emit_training, rotated, timed_training, train_step  # noqa: E402
 
 
 def build_model() -> nn.Module:
@@ -75,13 +74,7 @@ def interleaved(args: argparse.Namespace) -> None:
         fabric, model, optimizer = runners[v]
         t = time.perf_counter()
         for _ in range(n):
-            loss = F.mse_loss(model(x), y)
-            if fabric is None:
-                loss.backward()
-            else:
-                fabric.backward(loss)
-            optimizer.step()
-            optimizer.zero_grad()
+            train_step(model, optimizer, x, y, fabric)
         return time.perf_counter() - t
 
     for v in variants:

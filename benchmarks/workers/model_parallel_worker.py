@@ -32,7 +32,7 @@ from torch import nn  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)  # the repository root, for `benchmarks` when torchrun starts this file
-from benchmarks._common import emit, emit_training, rotated, timed_training  # noqa: E402
+from benchmarks._common import emit, emit_training, rotated, timed_training, train_step  # noqa: E402
 from benchmarks.workers.blocks import Block  # noqa: E402
 
 WIDTH, HIDDEN = 512, 1024
@@ -119,13 +119,7 @@ def interleaved(args: argparse.Namespace) -> None:
         owner, model, optimizer = runners[v]
         t, c = time.perf_counter(), time.process_time()
         for _ in range(n):
-            loss = F.mse_loss(model(x), x)
-            if owner is None:
-                loss.backward()
-            else:
-                owner.backward(loss)
-            optimizer.step()
-            optimizer.zero_grad()
+            train_step(model, optimizer, x, x, owner)
         return time.perf_counter() - t, time.process_time() - c
 
     for v in variants:
