@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from fabric_core import Fabric
-from fabric_core.io import keeper
+from fabric_core.io import keeper, snapshot_checksum
 from fabric_core.io import snapshot_store as store
 from fabric_core.io.memory import MemoryTierError
 
@@ -86,7 +86,7 @@ def test_snapshots_keep_the_newest_steps_and_the_keeper_writes_the_disk_tier(tmp
     assert tiers.keeper_pid and tiers.keeper_pid != os.getpid()
     folder = memory_dir / "own" / "single"
     assert [step for step, _ in store.committed(folder)] == [4, 5]  # keep_last=2 (the step-4 one was on disk too)
-    manifest = store.verify(folder / "step-000000005")
+    manifest = snapshot_checksum.verify(folder / "step-000000005")
     assert manifest["key"] == "single" and manifest["layout"] == {"world_size": 1, "axes": []}
     disk = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step-*.ckpt"))
     assert disk == ["step-000000002.ckpt", "step-000000004.ckpt"]
@@ -141,7 +141,7 @@ def test_a_corrupted_snapshot_is_skipped_for_the_one_before_and_a_torn_one_is_ne
 
     latest = fabric.latest_checkpoint(tiers)
     assert latest == "mem://step-000000004"
-    with pytest.warns(RuntimeWarning, match=r"Could not restore the memory snapshot of step 4 \(rank 0: SnapshotChecksumError: .*checksum crc32:\w+ does not match.*falling back to the memory snapshot of step 3"):
+    with pytest.warns(RuntimeWarning, match=r"Could not restore the memory snapshot of step 4 \(rank 0: SnapshotChecksumError: .*checksum xor64b64k\+crc32:\w+ does not match.*falling back to the memory snapshot of step 3"):
         fabric.load(latest, state)
     assert state["step"] == 3 and _same(model.state_dict(), seen[2])
     assert tiers.recovery["step"] == 3 and len(tiers.recovery["fallbacks"]) == 1
@@ -175,7 +175,7 @@ def test_a_copy_cut_midway_or_with_a_wrong_checksum_never_commits(tmp_path: Path
         sock.sendall((snapshot / store.SKELETON).read_bytes())
         sock.sendall((snapshot / store.DATA).read_bytes()[: sizes[store.DATA] // 2])
     manifest = json.loads((snapshot / store.MANIFEST).read_text())
-    manifest["checksum"] = "crc32:00000000"
+    manifest["checksum"] = f"{snapshot_checksum.KIND}:00000000"
     with socket.create_connection(client.address) as sock:  # a copy whose bytes do not match its checksum
         bad = json.dumps(manifest).encode()
         keeper.send_message(sock, {**header, "step": 2, "files": {**sizes, store.MANIFEST: len(bad)}})

@@ -10,15 +10,16 @@ node's snapshots and exits. When every rank of the node said the training finish
 What it does, each over a TCP connection that carries the node's token (``keeper.json``, readable by the user only):
 
 * ``replicate``: send a committed snapshot of this node to a peer node's keeper (``store``), which writes it under a
-  hidden name, checks its CRC-32 while receiving and renames it into place (the commit rule); only the newest
-  request per rank is kept, so a slow link skips snapshots instead of queuing them;
+  hidden name, checks its checksum and renames it into place (the commit rule); only the newest request per rank is
+  kept, so a slow link skips snapshots instead of queuing them;
 * ``fetch``: send a snapshot (own or a peer copy) to a restarted rank whose node lost it;
 * ``write``: write a snapshot as a single-file checkpoint on disk or at a URL (the disk tier's asynchronous saves run
   here, outside the training process and its GIL; torch is imported for the first one only);
 * ``status``, ``register``, ``finished``, ``ping``.
 
 Messages are an 8-byte length and a JSON header, then the files' bytes the header announces. Only the standard
-library is imported until the first ``write``.
+library is imported until the first ``write`` or the first peer copy received (its checksum is torch's
+``hash_tensor``: :mod:`fabric_core.io.snapshot_checksum`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import mmap
 import os
 import secrets
 import shutil
@@ -36,7 +38,6 @@ import subprocess
 import sys
 import threading
 import time
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -88,32 +89,33 @@ def recv_message(sock: socket.socket) -> dict[str, Any]:
     return json.loads(recv_exact(sock, length))
 
 
-def recv_to_file(sock: socket.socket, path: Path, size: int, crc: int = 0) -> int:
-    """Receive ``size`` bytes into a new file (pages allocated first, so a full tmpfs fails here); returns the CRC."""
-    with open(path, "wb") as f:
-        if size:
-            try:
-                os.posix_fallocate(f.fileno(), 0, size)
-            except OSError as err:
-                if err.errno not in (95, 22):
-                    raise
-        buffer = bytearray(min(size, _RECV_CHUNK) or 1)
-        view = memoryview(buffer)
-        left = size
-        while left:
-            n = sock.recv_into(view, min(left, len(buffer)))
-            if n == 0:
-                raise ConnectionError(f"connection closed with {left} of {size} bytes of {path.name} to come")
-            f.write(view[:n])
-            crc = zlib.crc32(view[:n], crc)
-            left -= n
-    return crc
+def recv_to_file(sock: socket.socket, path: Path, size: int) -> None:
+    """Receive ``size`` bytes into a new file, straight into its pages through a shared mapping (allocated first, so a
+    full tmpfs fails here rather than with a SIGBUS)."""
+    with open(path, "w+b") as f:
+        if not size:
+            return
+        f.truncate(size)
+        try:
+            os.posix_fallocate(f.fileno(), 0, size)
+        except OSError as err:
+            if err.errno not in (95, 22):  # a filesystem without fallocate
+                raise
+        with mmap.mmap(f.fileno(), size) as mapped, memoryview(mapped) as target:
+            got = 0
+            while got < size:
+                n = sock.recv_into(target[got:], min(size - got, _RECV_CHUNK))
+                if n == 0:
+                    raise ConnectionError(f"connection closed with {size - got} of {size} bytes of {path.name} to come")
+                got += n
 
 
 def receive_snapshot(sock: socket.socket, header: dict[str, Any], folder: Path, step: int) -> Path:
-    """Receive the files ``header`` announces into a hidden folder under ``folder``, check the CRC-32 against the
-    manifest while receiving, and commit the snapshot (rename); returns its path. A transfer cut midway leaves only
-    the hidden folder, removed here (or by the next writer if this process dies)."""
+    """Receive the files ``header`` announces into a hidden folder under ``folder``, check the checksum against the
+    manifest, and commit the snapshot (rename); returns its path. A transfer cut midway leaves only the hidden folder,
+    removed here (or by the next writer if this process dies)."""
+    from fabric_core.io import snapshot_checksum  # torch: imported by the first copy received
+
     sizes = header["files"]
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / store.temp_name(step)
@@ -121,12 +123,12 @@ def receive_snapshot(sock: socket.socket, header: dict[str, Any], folder: Path, 
     with on_failure(lambda: shutil.rmtree(tmp, ignore_errors=True)):
         skeleton = recv_exact(sock, sizes[store.SKELETON])
         (tmp / store.SKELETON).write_bytes(skeleton)
-        crc = recv_to_file(sock, tmp / store.DATA, sizes[store.DATA])
+        recv_to_file(sock, tmp / store.DATA, sizes[store.DATA])
         manifest_bytes = recv_exact(sock, sizes[store.MANIFEST])
         manifest = json.loads(manifest_bytes)
         if manifest.get("data_bytes") != sizes[store.DATA]:
             raise store.SnapshotChecksumError(f"a copy of step {step} announces {sizes[store.DATA]} data bytes, its manifest {manifest.get('data_bytes')}")
-        found = f"crc32:{zlib.crc32(skeleton, crc):08x}"
+        found = snapshot_checksum.checksum_file(tmp / store.DATA, sizes[store.DATA], skeleton)
         if found != manifest.get("checksum"):
             raise store.SnapshotChecksumError(f"the copy of step {step} arrived with checksum {found}, not {manifest.get('checksum')}")
         (tmp / store.MANIFEST).write_bytes(manifest_bytes)

@@ -5,10 +5,11 @@
 the state (``state_dict()`` of every object, which copies nothing), pickles the small remainder, and copies at once
 every tensor that the forward pass may change (buffers such as batch-norm statistics, anything not owned by an
 optimizer). The big part, the parameters and optimizer states that only the next ``optimizer.step()`` changes, is
-copied by a background thread while the next forward and backward run (``copy_`` releases the GIL). That optimizer's
-``step()`` first waits for the copy (a step pre-hook: :meth:`SnapshotWriter.gate`) and checks with the tensors' version
-counters that nothing changed them in place meanwhile; only then is the snapshot checksummed and committed (renamed into
-place). A snapshot whose tensors did change is dropped, with a warning naming one of them (pass ``overlap=False`` to
+copied by a background thread while the next forward and backward run (``copy_`` releases the GIL), which digests
+each block of the data for the checksum as soon as the copy completes it (:mod:`fabric_core.io.snapshot_checksum`).
+That optimizer's ``step()`` first waits for the copy (a step pre-hook: :meth:`SnapshotWriter.gate`) and checks with the
+tensors' version counters that nothing changed them in place meanwhile; only then is the snapshot committed (renamed
+into place). A snapshot whose tensors did change is dropped, with a warning naming one of them (pass ``overlap=False`` to
 copy everything in the call). So a snapshot costs the caller the conversion and the small copies, not a copy of the
 state.
 
@@ -35,6 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fabric_core.io import snapshot_checksum
 from fabric_core.io import snapshot_store as store
 from fabric_core.utilities.exceptions import on_failure
 
@@ -213,7 +215,9 @@ class PendingSnapshot:
     tmp: Path
     target: Path
     manifest: dict[str, Any]
-    deferred: list[tuple[Tensor, Tensor, int, str]]  # (source, destination view, version at begin, name)
+    deferred: list[tuple[Tensor, Tensor, int, str, int]]  # (source, destination view, version at begin, name, end)
+    digest: snapshot_checksum.BlockDigest
+    skeleton: bytes
     copied: threading.Event = field(default_factory=threading.Event)
     checked: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
@@ -282,13 +286,12 @@ class SnapshotWriter:
                     view = buffer[entry["offset"] : entry["offset"] + entry["nbytes"]].view(tensor.dtype).view(tensor.shape)
                     if tensor.numel() and tensor.untyped_storage().data_ptr() in deferred_set:
                         name = (names or {}).get(tensor.untyped_storage().data_ptr(), f"tensor {index}")
-                        deferred.append((tensor, view, tensor._version, name))
+                        deferred.append((tensor, view, tensor._version, name, entry["offset"] + entry["nbytes"]))
                     else:
                         view.copy_(tensor.detach())
         manifest = {**manifest, "format": store.FORMAT, "step": step, "tensors": table, "data_bytes": size}
-        pending = PendingSnapshot(step, tmp, self.folder / store.snapshot_name(step), manifest, deferred)
-        if not deferred:
-            pending.copied.set()
+        digest = snapshot_checksum.BlockDigest(buffer, size)
+        pending = PendingSnapshot(step, tmp, self.folder / store.snapshot_name(step), manifest, deferred, digest, skeleton_bytes)
         with self._lock:
             self._pending = pending
             self._thread = threading.Thread(target=self._work, args=(pending,), name="fabric-memory-snapshot", daemon=True)
@@ -302,7 +305,7 @@ class SnapshotWriter:
         if pending is None or pending.checked.is_set():
             return
         pending.copied.wait()
-        for source, _, version, name in pending.deferred:
+        for source, _, version, name, _ in pending.deferred:
             if source._version != version:
                 pending.valid = False
                 reason = f"{name} changed in place before the next optimizer step"
@@ -344,16 +347,18 @@ class SnapshotWriter:
     def _work(self, pending: PendingSnapshot) -> None:
         try:
             with torch.no_grad():
-                for source, view, _, _ in pending.deferred:
+                for source, view, _, _, end in pending.deferred:
                     view.copy_(source.detach())
+                    pending.digest.advance(end)  # the blocks this copy completed, while they are in the cache
             pending.copied.set()
+            pending.digest.advance(pending.manifest["data_bytes"])  # while the optimizer step runs
             pending.checked.wait()
             if not pending.valid:
                 import shutil
 
                 shutil.rmtree(pending.tmp, ignore_errors=True)
                 return
-            pending.manifest["checksum"] = store.checksum_of(pending.tmp, pending.manifest)
+            pending.manifest["checksum"] = pending.digest.result(pending.skeleton)
             pending.manifest["committed_unix"] = time.time()
             store.write_manifest(pending.tmp, pending.manifest)
             store.commit(pending.tmp, pending.target)
@@ -411,29 +416,37 @@ _DTYPE_NAMES = {
 }
 
 
-def _tensor_views(data: Path, table: list[dict[str, Any]], size: int, copy: bool) -> tuple[list[Tensor], Any]:
-    if size == 0:
-        return [torch.empty(entry["shape"], dtype=getattr(torch, entry["dtype"])) for entry in table], None
+def _data_bytes(data: Path, size: int, copy: bool) -> Any:
+    """The first ``size`` bytes of ``data``: a private copy-on-write mapping, or (``copy``) a copy in this process."""
     with open(data, "rb") as f:
-        if copy:
-            view: Any = bytearray(size)  # zero pages until written: one pass over the data
-            got = f.readinto(view)
-            if got != size:
-                raise store.SnapshotChecksumError(f"{data} ended after {got} of {size} bytes")
-        else:
-            view = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+        found = f.seek(0, 2)
+        if found < size:  # before mapping: touching a page past the end of a mapped file is a SIGBUS
+            raise store.SnapshotChecksumError(f"{data} holds {found} bytes, the manifest says {size}.")
+        f.seek(0)
+        if not copy:
+            return mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+        view = bytearray(size)  # zero pages until written: one pass over the data
+        got = f.readinto(view)
+        if got != size:
+            raise store.SnapshotChecksumError(f"{data} ended after {got} of {size} bytes")
+        return view
+
+
+def _tensor_views(buffer: Any, table: list[dict[str, Any]]) -> list[Tensor]:
+    """A tensor per entry of ``table``, each with its own storage over its bytes of ``buffer`` (so that a disk file
+    written from them holds one storage per tensor, as ``torch.save`` of the live state would)."""
     tensors = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for entry in table:
             dtype = getattr(torch, entry["dtype"])
-            count = entry["nbytes"] // torch.empty(0, dtype=dtype).element_size() if entry["nbytes"] else 0
+            count = entry["nbytes"] // dtype.itemsize
             if count == 0:
                 tensors.append(torch.empty(entry["shape"], dtype=dtype))
                 continue
-            flat = torch.frombuffer(view, dtype=dtype, count=count, offset=entry["offset"])
+            flat = torch.frombuffer(buffer, dtype=dtype, count=count, offset=entry["offset"])
             tensors.append(flat.view(entry["shape"]))
-    return tensors, view
+    return tensors
 
 
 def read_snapshot(
@@ -444,11 +457,19 @@ def read_snapshot(
     used. Tensors are read lazily from a private mapping of the data file, or (``copy``) from a copy in this
     process's memory: what a training process restores must, since an optimizer keeps the tensors it is given and a
     pruned snapshot's file is written again by a later snapshot."""
-    manifest = store.verify(folder) if check else store.read_manifest(folder)
-    raw = (folder / store.SKELETON).read_bytes()
-    skeleton = _SafeUnpickler(_BytesReader(raw)).load() if weights_only else pickle.loads(raw)
-    tensors, _ = _tensor_views(folder / store.DATA, manifest["tensors"], manifest["data_bytes"], copy)
-    return _rebuild(skeleton, tensors), manifest
+    manifest = store.read_manifest(folder)
+    skeleton_bytes = (folder / store.SKELETON).read_bytes()
+    size = manifest["data_bytes"]
+    buffer: Any = _data_bytes(folder / store.DATA, size, copy) if size else None
+    if check:  # over the bytes the tensors will use (for a copy: the copy, read once)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            raw = torch.frombuffer(buffer, dtype=torch.uint8) if size else torch.empty(0, dtype=torch.uint8)
+        snapshot_checksum.check(snapshot_checksum.checksum(raw, size, skeleton_bytes), manifest, folder)
+        del raw
+    unpickler = _SafeUnpickler(_BytesReader(skeleton_bytes)) if weights_only else None
+    skeleton = unpickler.load() if unpickler is not None else pickle.loads(skeleton_bytes)
+    return _rebuild(skeleton, _tensor_views(buffer, manifest["tensors"])), manifest
 
 
 class _BytesReader:

@@ -24,8 +24,8 @@ their own interval; recovery from the fastest complete one.
   process's GIL. Other formats save through their own asynchronous path.
 * **Recovery** (:meth:`latest`, :meth:`load`): every rank reports what its node holds; the newest step that every
   rank can restore wins, memory before disk at the same step. A rank whose node lost its memory fetches its snapshot
-  from the node holding its peer copy. A snapshot is checked against its CRC-32 before anything is restored; if it
-  fails on any rank, every rank falls back to the previous complete checkpoint of any tier and says so.
+  from the node holding its peer copy. A snapshot is checked against its checksum before anything is restored; if
+  it fails on any rank, every rank falls back to the previous complete checkpoint of any tier and says so.
 * **Preemption** (:mod:`fabric_core.runtime.preemption`): SIGTERM or SIGUSR1 makes every rank save at the next step
   (memory, its peer copy, then disk if the grace period allows) and exit with status 75 for a requeue.
 * **Non-finite losses** (opt-in, :meth:`rollback_if_not_finite`): restore the last memory snapshot, skip the batch.
