@@ -231,7 +231,7 @@ def _recover_once(cfg: dict[str, Any], tier: str, world: int, work: Path) -> dic
     memory = _memory_root(f"recover-{work.name}-{tier}-{world}")
     shm = {"a": memory / "a", "b": memory / "b"}
     env = _env({
-        "TB_TIER": "memory" if tier == "memory" else "disk", "TB_KILL_AT": str(cfg["kill_at"]), "TB_AFTER": "2",
+        "TB_TIER": "memory" if tier == "memory" else "disk", "TB_KILL_AT": str(cfg["kill_at"]), "TB_AFTER": "4",
         "TB_VICTIM": "b", "TB_STATE_MIB": str(cfg["recover_mib"]), "FABRIC_RUN_DIR": str(out / "run"),
         "FABRIC_MEMORY_LINGER": "120", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
     })  # fmt: skip
@@ -274,9 +274,15 @@ def _recover_once(cfg: dict[str, Any], tier: str, world: int, work: Path) -> dic
     loads = [json.loads(line) for line in (out / "reload-1").read_text().splitlines()]
     marks = {"kill": killed_at, **timeline}
     phases = {key: marks[end] - marks[begin] for key, _, begin, end in PHASES}
+    ends = timeline["step_ends"]
+    steady = min(later - earlier for earlier, later in zip(ends[1:], ends[2:]))
     result = {
         "kill_to_step_s": marks["first_step"] - killed_at,
         "phases_s": phases,
+        # what restoring costs, wherever it lands: tiers set-up, latest_checkpoint and load, plus what the first step
+        # takes beyond a steady one (a memory-mapped checkpoint is read as that step touches it)
+        "reload_part_s": marks["first_step"] - marks["built"] - steady,
+        "steady_step_s": steady,
         "load_s_max": max(entry["load_s"] for entry in loads),
         "load_s": {f"{e['node']}{e['rank']}": e["load_s"] for e in loads},
         "sources": sorted({str(e["source"]) for e in loads}),

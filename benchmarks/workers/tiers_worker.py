@@ -284,13 +284,16 @@ def recover(out: Path) -> None:
         )
     x = torch.randn(8, width)
     goal = kill_at if attempt == 0 else state["step"] + after
+    step_ends = []
     while state["step"] < goal:
         _step(fabric, model, optimizer, x)
         state["step"] += 1
         if tiers is not None:
             tiers.save(state["step"], state)
+        step_ends.append(time.time())
         if "first_step" not in marks:
-            marks["first_step"] = time.time()
+            marks["first_step"] = step_ends[0]
+    marks["step_ends"] = step_ends
     if attempt == 0:
         if tiers is not None:
             tiers.wait_replicated(kill_at, timeout=600)

@@ -38,6 +38,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,16 @@ def recv_message(sock: socket.socket) -> dict[str, Any]:
     return json.loads(recv_exact(sock, length))
 
 
+def recv_into(sock: socket.socket, target: memoryview, what: str) -> None:
+    """Fill ``target`` from the socket (``recv_into``: straight into its memory, no intermediate buffer)."""
+    size, got = len(target), 0
+    while got < size:
+        n = sock.recv_into(target[got:], min(size - got, _RECV_CHUNK))
+        if n == 0:
+            raise ConnectionError(f"connection closed with {size - got} of {size} bytes of {what} to come")
+        got += n
+
+
 def recv_to_file(sock: socket.socket, path: Path, size: int) -> None:
     """Receive ``size`` bytes into a new file, straight into its pages through a shared mapping (allocated first, so a
     full tmpfs fails here rather than with a SIGBUS)."""
@@ -102,12 +113,7 @@ def recv_to_file(sock: socket.socket, path: Path, size: int) -> None:
             if err.errno not in (95, 22):  # a filesystem without fallocate
                 raise
         with mmap.mmap(f.fileno(), size) as mapped, memoryview(mapped) as target:
-            got = 0
-            while got < size:
-                n = sock.recv_into(target[got:], min(size - got, _RECV_CHUNK))
-                if n == 0:
-                    raise ConnectionError(f"connection closed with {size - got} of {size} bytes of {path.name} to come")
-                got += n
+            recv_into(sock, target, path.name)
 
 
 def receive_snapshot(sock: socket.socket, header: dict[str, Any], folder: Path, step: int) -> Path:
@@ -175,15 +181,22 @@ class KeeperClient:
             raise KeeperError(f"the keeper at {self.address[0]}:{self.address[1]} refused {op!r}: {reply.get('error')}")
         return reply
 
-    def fetch(self, key: str, step: int, folder: Path) -> Path:
-        """Copy the keeper's snapshot of ``key`` at ``step`` (its own or a peer copy) into ``folder``, checked and
-        committed there; returns its path."""
+    def fetch(self, key: str, step: int, allocate: Callable[[int], Any]) -> tuple[dict[str, Any], bytes, Any]:
+        """The keeper's snapshot of ``key`` at ``step`` (its own or a peer copy), received straight into this process's
+        memory (``allocate(size)`` gives a writable buffer): ``(manifest, skeleton bytes, data)``. Not checked here:
+        the caller checks the checksum (:func:`fabric_core.io.memory.state_from_parts`)."""
         with self._connect() as sock:
             send_message(sock, {"op": "fetch", "token": self.token, "key": key, "step": step})
             reply = recv_message(sock)
             if not reply.get("ok"):
                 raise KeeperError(f"the keeper at {self.address[0]}:{self.address[1]} has no snapshot of {key} at step {step}: {reply.get('error')}")
-            return receive_snapshot(sock, reply, folder, step)
+            sizes = reply["files"]
+            skeleton = recv_exact(sock, sizes[store.SKELETON])
+            data = allocate(sizes[store.DATA])
+            with memoryview(data) as target:
+                recv_into(sock, target, f"the snapshot of {key} at step {step}")
+            manifest = json.loads(recv_exact(sock, sizes[store.MANIFEST]))
+        return manifest, skeleton, data
 
 
 def read_info(root: Path) -> dict[str, Any] | None:

@@ -96,9 +96,13 @@ def temp_name(step: int) -> str:
 # ------------------------------------------------------------------------------------------------------ manifests
 def read_manifest(folder: Path) -> dict[str, Any]:
     with open(folder / MANIFEST, encoding="utf-8") as f:
-        manifest = json.load(f)
+        return check_format(json.load(f), folder)
+
+
+def check_format(manifest: dict[str, Any], where: Any) -> dict[str, Any]:
+    """``manifest``, if it is one of a snapshot of this version; else a ``ValueError`` naming ``where``."""
     if manifest.get("format") != FORMAT:
-        raise ValueError(f"{folder} is not a memory snapshot of this version (format {manifest.get('format')!r}).")
+        raise ValueError(f"{where} is not a memory snapshot of this version (format {manifest.get('format')!r}).")
     return manifest
 
 

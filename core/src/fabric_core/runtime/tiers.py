@@ -679,31 +679,33 @@ class CheckpointTiers:
             return None, candidate.location, None  # a file is checked by its format while it loads
         key = self._needed_key(candidate)
         try:
-            folder, source = self._locate(candidate, key)
-            loaded, manifest = memory.read_snapshot(folder, weights_only=weights_only is not False, copy=True)
+            loaded, manifest, source = self._read(candidate, key, weights_only is not False)
             if manifest.get("key") != key or manifest.get("step") != candidate.step or manifest.get("layout") != candidate.layout:
-                raise store.SnapshotChecksumError(f"{folder} holds {manifest.get('key')} at step {manifest.get('step')} of another layout")
+                raise store.SnapshotChecksumError(f"{source} holds {manifest.get('key')} at step {manifest.get('step')} of another layout")
             return loaded, source, None
         except Exception as err:  # every reason counts: the ranks vote, then all fall back together
             return None, None, f"{type(err).__name__}: {err}"
 
-    def _locate(self, candidate: _Candidate, key: str) -> tuple[Path, str]:
-        """Where this rank reads ``key``'s snapshot: this node's memory (own or a peer copy), else fetched from the
-        node holding it into this node's memory (so the node has it again)."""
+    def _read(self, candidate: _Candidate, key: str, weights_only: bool) -> tuple[Any, dict[str, Any], str]:
+        """``(state, manifest, source)`` of ``key``'s snapshot, checked, in this process's memory: read from this
+        node's memory (own or a peer copy), else fetched from the node holding it straight into this process (not
+        written to this node's memory too: its next snapshot is, a step later)."""
         name = store.snapshot_name(candidate.step)
         node = self.strategy.topology.node_rank
         for kind in (store.OWN, store.PEER):
             folder = store.rank_folder(self.root, kind, key) / name
             if folder.is_dir():
-                return folder, f"{kind} memory of node {node}"
+                loaded, manifest = memory.read_snapshot(folder, weights_only=weights_only, copy=True)
+                return loaded, manifest, f"{kind} memory of node {node}"
         holders = candidate.holders.get(key, [])
         for holder, kind in sorted(holders, key=lambda h: (h[1] != store.PEER, h[0])):
             info = self._nodes.get(holder)
             if info is None or holder == node:
                 continue
             client = keeper.KeeperClient(info["address"], info["port"], info["token"], timeout=120)
-            into = store.rank_folder(self.root, store.OWN if key == self.key else store.PEER, key)
-            return client.fetch(key, candidate.step, into), f"{kind} memory of node {holder}, fetched"
+            manifest, skeleton, data = client.fetch(key, candidate.step, memory.private_buffer)
+            source = f"{kind} memory of node {holder}, fetched"
+            return memory.state_from_parts(manifest, skeleton, data, weights_only, where=source), manifest, source
         raise FileNotFoundError(f"no node holds the snapshot of {key} at step {candidate.step} any more")
 
     def _restore(self, candidate: _Candidate, loaded: Any, state: Any, strict: bool, weights_only: bool | None) -> dict[str, Any]:
