@@ -316,3 +316,49 @@ def test_memory_locations_need_the_tiers(tmp_path: Path):
     fabric = Fabric(accelerator="cpu", devices=1)
     with pytest.raises(ValueError, match=r"'mem://step-000000001' is a memory snapshot of the checkpoint tiers: create them first"):
         fabric.load("mem://step-000000001", {})
+
+
+def test_new_tiers_right_after_every_rank_finished_get_a_keeper_of_their_own(tmp_path: Path, memory_dir: Path):
+    # the keeper told that every rank finished is stopping while the next tiers look for it: they must not register
+    # with it (it would refuse, or vanish with their snapshots) but start the next one
+    pids = []
+    previous = None
+    for cycle in range(3):
+        fabric = Fabric(accelerator="cpu", devices=1, run_dir=tmp_path / f"run-{cycle}")
+        model = fabric.setup(nn.Linear(4, 1))
+        if previous is not None:
+            previous.close()  # the next tiers ask for a keeper at once
+        tiers = fabric.checkpoint_tiers(memory_every=1, disk=None, preemption=False)
+        state = {"model": model, "step": 0}
+        tiers.save(1, state)
+        tiers.wait()
+        pids.append(tiers.keeper_pid)
+        time.sleep(0.6)  # longer than the previous keeper takes to exit
+        serving = keeper.local_client(memory_dir)
+        assert serving is not None and serving.request("ping")["pid"] == tiers.keeper_pid, f"cycle {cycle}"
+        assert store.committed(memory_dir / "own" / "single"), f"cycle {cycle}: no snapshot kept"
+        previous = tiers
+    previous.close()
+    assert len(set(pids)) == 3, pids
+
+
+def test_a_stopping_keeper_answers_nothing_and_a_registration_it_refused_starts_another(memory_dir: Path, monkeypatch):
+    first, pid = keeper.ensure_keeper(memory_dir, os.getpid())
+    first.request("finished", key="single", ranks=1)
+    with pytest.raises((keeper.KeeperError, OSError)):  # "the keeper is stopping", or already gone
+        first.request("ping")
+    assert keeper.local_client(memory_dir) is None or keeper.local_client(memory_dir).request("ping")["pid"] != pid
+    # the window the stop closes: a keeper that answered the ping and is gone at the registration
+    refused = []
+    real = keeper.KeeperClient.request
+
+    def request(self, op, **fields):
+        if op == "register" and not refused:
+            refused.append(op)
+            raise ConnectionRefusedError(111, "Connection refused")
+        return real(self, op, **fields)
+
+    monkeypatch.setattr(keeper.KeeperClient, "request", request)
+    client, second = keeper.ensure_keeper(memory_dir, os.getpid())
+    assert refused == ["register"] and second not in (0, pid)
+    assert client.request("ping")["pid"] == second

@@ -101,17 +101,21 @@ def recv_into(sock: socket.socket, target: memoryview, what: str) -> None:
 
 
 def recv_to_file(sock: socket.socket, path: Path, size: int) -> None:
-    """Receive ``size`` bytes into a new file, straight into its pages through a shared mapping (allocated first, so a
-    full tmpfs fails here rather than with a SIGBUS)."""
-    with open(path, "w+b") as f:
+    """Receive ``size`` bytes into the file ``path`` (new, or a kept data file renamed there), straight into its pages
+    through a shared mapping, allocated first so that a full tmpfs fails here rather than with a SIGBUS; a reused file
+    of this size has its pages already (allocating 512 MiB of tmpfs pages for every copy cost more than the copy)."""
+    with open(os.open(path, os.O_RDWR | os.O_CREAT, 0o600), "r+b") as f:
+        stat = os.fstat(f.fileno())
+        if stat.st_size != size:
+            f.truncate(size)
         if not size:
             return
-        f.truncate(size)
-        try:
-            os.posix_fallocate(f.fileno(), 0, size)
-        except OSError as err:
-            if err.errno not in (95, 22):  # a filesystem without fallocate
-                raise
+        if stat.st_size != size or stat.st_blocks * 512 < size:
+            try:
+                os.posix_fallocate(f.fileno(), 0, size)
+            except OSError as err:
+                if err.errno not in (95, 22):  # a filesystem without fallocate
+                    raise
         with mmap.mmap(f.fileno(), size) as mapped, memoryview(mapped) as target:
             recv_into(sock, target, path.name)
 
@@ -129,6 +133,9 @@ def receive_snapshot(sock: socket.socket, header: dict[str, Any], folder: Path, 
     with on_failure(lambda: shutil.rmtree(tmp, ignore_errors=True)):
         skeleton = recv_exact(sock, sizes[store.SKELETON])
         (tmp / store.SKELETON).write_bytes(skeleton)
+        reused = store.claim_free(folder)  # the data file of a pruned copy
+        if reused is not None:
+            os.rename(reused, tmp / store.DATA)
         recv_to_file(sock, tmp / store.DATA, sizes[store.DATA])
         manifest_bytes = recv_exact(sock, sizes[store.MANIFEST])
         manifest = json.loads(manifest_bytes)
@@ -236,27 +243,41 @@ def local_client(root: Path) -> KeeperClient | None:
 
 def ensure_keeper(root: Path, owner: int, timeout: float = 60.0) -> tuple[KeeperClient, int]:
     """This node's keeper for ``root`` (started when none answers), registered with ``owner`` as a process it serves;
-    returns its client and pid. Ranks of one node starting together start one keeper (a lock file orders them)."""
+    returns its client and pid. Ranks of one node starting together start one keeper (a lock file orders them). A
+    keeper that is stopping (every rank of the node said it finished) answers no more: a new one is started."""
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
-    client = local_client(root)
-    if client is None:
-        import fcntl
+    deadline = time.monotonic() + timeout
+    while True:
+        client = _running_or_started(root, owner, deadline, timeout)
+        try:
+            client.request("register", owner=owner)
+        except (OSError, KeeperError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)  # it stopped between the ping and the registration: start another
+            continue
+        info = read_info(root) or {}
+        return client, int(info.get("pid", 0))
 
-        with open(root / ".keeper-start.lock", "w") as lock:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-            client = local_client(root)
+
+def _running_or_started(root: Path, owner: int, deadline: float, timeout: float) -> KeeperClient:
+    client = local_client(root)
+    if client is not None:
+        return client
+    import fcntl
+
+    with open(root / ".keeper-start.lock", "w") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        client = local_client(root)
+        if client is None:
+            _start(root, owner)
+            while client is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+                client = local_client(root)
             if client is None:
-                _start(root, owner)
-                deadline = time.monotonic() + timeout
-                while client is None and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                    client = local_client(root)
-                if client is None:
-                    log = (root / LOG).read_text(errors="replace")[-2000:] if (root / LOG).exists() else ""
-                    raise KeeperError(f"The memory tier's keeper for {root} did not start within {timeout:.0f} s.\n{log}")
-    client.request("register", owner=owner)
-    info = read_info(root) or {}
-    return client, int(info.get("pid", 0))
+                log = (root / LOG).read_text(errors="replace")[-2000:] if (root / LOG).exists() else ""
+                raise KeeperError(f"The memory tier's keeper for {root} did not start within {timeout:.0f} s.\n{log}")
+    return client
 
 
 def _start(root: Path, owner: int) -> None:
@@ -301,6 +322,9 @@ class Keeper:
             send_message(sock, {"ok": False, "error": "wrong token"})
             return
         op = header.get("op")
+        if self.stop.is_set():  # stopping: its snapshots are going; whoever asks starts a new keeper
+            send_message(sock, {"ok": False, "error": "the keeper is stopping"})
+            return
         try:
             reply = getattr(self, f"op_{op}")(sock, header)
         except Exception as err:  # the requester gets the reason; the keeper goes on
@@ -334,9 +358,17 @@ class Keeper:
             done = len(self.finished) >= self.expected_ranks
         if done:  # every rank of the node finished training: the snapshots are no longer needed
             self.remove_on_exit = True
+            self.stop.set()  # first: from now on it answers no request (a new run's ranks start a new keeper)
+            self.forget_info()
             self.release_snapshots()  # before the reply: when the last rank's `close()` returns, the memory is free
-            self.stop.set()
         return {}
+
+    def forget_info(self) -> None:
+        """Remove ``keeper.json`` if it still names this process (a keeper started after it may have replaced it)."""
+        info = read_info(self.root)
+        if info is not None and int(info.get("pid", 0)) == os.getpid():
+            with contextlib.suppress(OSError):
+                os.unlink(self.root / INFO)
 
     def release_snapshots(self) -> None:
         """Remove this node's snapshots, its own and its peers'."""
@@ -356,7 +388,7 @@ class Keeper:
     def op_store(self, sock: socket.socket, header: dict[str, Any]) -> dict[str, Any]:
         folder = store.rank_folder(self.root, store.PEER, header["key"])
         receive_snapshot(sock, header, folder, int(header["step"]))
-        store.prune(folder, int(header.get("keep_last", 2)), reuse=False)
+        store.prune(folder, int(header.get("keep_last", 2)))  # the pruned copy's data file is the next one's
         return {}
 
     def op_fetch(self, sock: socket.socket, header: dict[str, Any]) -> None:
@@ -442,11 +474,16 @@ def serve(root: Path, owner: int, linger: float) -> int:
 
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     lock = open(root / LOCK, "w")  # noqa: SIM115 - held for the process's life
-    try:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        print(f"[fabric keeper] another keeper serves {root}", file=sys.stderr)
-        return 0
+    deadline = time.monotonic() + 30.0  # a keeper that is stopping holds the lock until it has exited
+    while True:
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                print(f"[fabric keeper] another keeper serves {root}", file=sys.stderr)
+                return 0
+            time.sleep(0.05)
     keeper = Keeper(root, owner, linger)
     server = _Server((os.environ.get("FABRIC_KEEPER_BIND", "0.0.0.0"), 0), _Handler)
     server.keeper = keeper  # type: ignore[attr-defined]
@@ -469,8 +506,7 @@ def serve(root: Path, owner: int, linger: float) -> int:
         server.server_close()
         if keeper.remove_on_exit:  # again: a replica may have landed after the release
             keeper.release_snapshots()
-            with contextlib.suppress(OSError):
-                os.unlink(root / INFO)
+            keeper.forget_info()
     return 0
 
 
