@@ -522,7 +522,7 @@ SECTION = Section(
             "state_mib": 512,
             "batch": 8,
             "steps": 8,
-            "reps": 2,
+            "reps": 4,
             "steps_ranks": [],
             "lost_reps": 2,
             "kill_after_s": [6.0, 12.0],
