@@ -313,6 +313,8 @@ class Keeper:
         self._replica_ready = threading.Condition()
         self._lock = threading.Lock()
         self.stop = threading.Event()
+        #: every rank finished: no more requests are served; ``stop`` follows once the reply is sent
+        self.stopping = False
         self.remove_on_exit = False
 
     # ---------------------------------------------------------------------------------- requests
@@ -322,7 +324,7 @@ class Keeper:
             send_message(sock, {"ok": False, "error": "wrong token"})
             return
         op = header.get("op")
-        if self.stop.is_set():  # stopping: its snapshots are going; whoever asks starts a new keeper
+        if self.stopping or self.stop.is_set():  # its snapshots are going; whoever asks starts a new keeper
             send_message(sock, {"ok": False, "error": "the keeper is stopping"})
             return
         try:
@@ -334,6 +336,8 @@ class Keeper:
             return
         if reply is not None:
             send_message(sock, {"ok": True, **reply})
+        if self.stopping:
+            self.stop.set()  # only after the reply: the process exits when its main thread sees this
 
     def _note(self, message: str) -> None:
         with self._lock:
@@ -358,7 +362,7 @@ class Keeper:
             done = len(self.finished) >= self.expected_ranks
         if done:  # every rank of the node finished training: the snapshots are no longer needed
             self.remove_on_exit = True
-            self.stop.set()  # first: from now on it answers no request (a new run's ranks start a new keeper)
+            self.stopping = True  # first: from now on it answers no request (a new run's ranks start a new keeper)
             self.forget_info()
             self.release_snapshots()  # before the reply: when the last rank's `close()` returns, the memory is free
         return {}
