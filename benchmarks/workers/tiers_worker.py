@@ -239,6 +239,18 @@ def compile_first_step(out: Path, cache_dir: str, artifacts: str, mode: str) -> 
 
 
 # ------------------------------------------------------------------------------------------------------ recover
+def touch(model: nn.Module, optimizer) -> None:
+    """Read and write every byte of the model's and the optimizer's tensors, values unchanged (``x * 1``): what the
+    first step would do to them, so that each tier pays its reading here (a memory-mapped disk load reads a page at its
+    first touch and copies it at its first write) and the first step keeps only what every restart pays."""
+    with torch.no_grad():
+        tensors = list(model.state_dict().values())
+        tensors += [v for s in optimizer.state_dict()["state"].values() for v in s.values() if isinstance(v, torch.Tensor)]
+        for tensor in tensors:
+            if tensor.is_floating_point() and tensor.numel():
+                tensor.mul_(1)
+
+
 def recover(out: Path) -> None:
     """Under ``fabric run`` agents: train to step ``TB_KILL_AT`` (saving it in memory with its peer copy, or on
     disk), park for the section to kill a node, then (restarted) resume and take ``TB_AFTER`` steps. Rank 0 writes
@@ -260,15 +272,21 @@ def recover(out: Path) -> None:
     series = out / "run" / "checkpoints" / "step-*.ckpt"
     if tier == "memory":
         tiers = fabric.checkpoint_tiers(memory_every=1, memory_keep_last=1, disk=None, preemption=False)
+        marks["tiers"] = time.time()
         latest = fabric.latest_checkpoint(tiers)
     else:
         tiers = None
+        marks["tiers"] = time.time()
         latest = fabric.latest_checkpoint(series)
+    marks["found"] = time.time()
     started = time.perf_counter()
     if latest is not None:
         fabric.load(latest, state)
     load_s = time.perf_counter() - started
     marks["loaded"] = time.time()
+    touch(model, optimizer)
+    fabric.barrier()  # every rank's state in memory (the first step waits for the slowest anyway)
+    marks["touched"] = time.time()
     attempt = 0 if latest is None else 1
     with open(out / f"reload-{attempt}", "a") as f:
         f.write(

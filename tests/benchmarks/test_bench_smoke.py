@@ -126,6 +126,10 @@ def check_tiers(t: dict) -> None:
     assert disk["evicted"] and all(e["bytes"] > 0 for e in disk["evicted"])
     for run in (memory, disk):
         assert run["kill_to_step_s"] > 0 and all(v >= 0 for v in run["phases_s"].values()), run
+        # the phases chain from the kill to the first step; the reload part is the restoring ones, touch included
+        phases = run["phases_s"]
+        assert abs(sum(phases.values()) - run["kill_to_step_s"]) < 1e-6, run
+        assert abs(sum(phases[k] for k in ("setup", "latest", "load", "touch")) - run["reload_part_s"]) < 1e-6, run
 
 
 CHECKS: dict[str, Callable[[dict], None]] = {
