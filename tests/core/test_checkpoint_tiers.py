@@ -8,6 +8,7 @@ deadline. The multi-node scenarios (peer copies, a lost node, SIGTERM under ``fa
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -362,3 +363,85 @@ def test_a_stopping_keeper_answers_nothing_and_a_registration_it_refused_starts_
     client, second = keeper.ensure_keeper(memory_dir, os.getpid())
     assert refused == ["register"] and second not in (0, pid)
     assert client.request("ping")["pid"] == second
+
+
+def test_a_data_file_gets_its_pages_once_and_a_reused_one_is_not_asked_again(memory_dir: Path, monkeypatch):
+    memory_dir.mkdir(parents=True)
+    asked: list[int] = []
+    allocate = os.posix_fallocate
+
+    def counting(fd: int, offset: int, size: int) -> None:
+        asked.append(size)
+        allocate(fd, offset, size)
+
+    monkeypatch.setattr(os, "posix_fallocate", counting)
+    with open(memory_dir / "data", "w+b") as f:
+        store.size_data_file(f.fileno(), 1 << 20)
+        store.size_data_file(f.fileno(), 1 << 20)  # a reused file of the same size: its pages exist
+        store.size_data_file(f.fileno(), 2 << 20)
+        assert asked == [1 << 20, 2 << 20]
+        assert os.fstat(f.fileno()).st_size == 2 << 20
+        with pytest.raises(store.SnapshotChecksumError, match=f"holds {2 << 20} bytes, the manifest says {3 << 20}"):
+            store.check_data_size(f.fileno(), 3 << 20, memory_dir / "data")
+
+    def refusing(code: int):
+        def fallocate(fd: int, offset: int, size: int) -> None:
+            raise OSError(code, os.strerror(code))
+
+        return fallocate
+
+    with open(memory_dir / "other", "w+b") as f:
+        monkeypatch.setattr(os, "posix_fallocate", refusing(errno.EOPNOTSUPP))
+        store.size_data_file(f.fileno(), 4096)  # a filesystem without fallocate: left to the writes
+        monkeypatch.setattr(os, "posix_fallocate", refusing(errno.ENOSPC))
+        with pytest.raises(OSError, match=os.strerror(errno.ENOSPC)):
+            store.size_data_file(f.fileno(), 8192)
+
+
+def _present_pages(start: int, length: int) -> int:
+    """Pages of this process's memory in ``[start, start + length)`` that are backed now (/proc/self/pagemap, bit 63)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    first, count = start // page, -(-(start + length) // page) - start // page
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(first * 8)
+        raw = f.read(count * 8)
+    return sum(1 for i in range(count) if int.from_bytes(raw[8 * i : 8 * i + 8], "little") >> 63)
+
+
+def test_a_restore_from_memory_keeps_only_the_bytes_the_optimizer_holds(tmp_path: Path, memory_dir: Path):
+    fabric = Fabric(accelerator="cpu", devices=1, run_dir=tmp_path / "run")
+    model = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model, optimizer = fabric.setup(model, optimizer)
+    state = {"model": model, "optimizer": optimizer, "step": 1}
+    model(torch.randn(4, 1024)).pow(2).mean().backward()
+    optimizer.step()
+    tiers = fabric.checkpoint_tiers(memory_every=1, disk=None, preemption=False)
+    tiers.save(1, state)
+    tiers.wait()
+    saved_states = [{k: v.clone() for k, v in s.items()} for s in optimizer.state.values()]
+    saved_weights = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+
+    fabric.load(fabric.latest_checkpoint(tiers), state)
+
+    manifest = store.read_manifest(store.committed(store.rank_folder(tiers.root, store.OWN, tiers.key))[-1][1])
+    held = [v for s in optimizer.state.values() for v in s.values() if v.numel() > 1]
+    bases = None  # the restored buffer's address: the one every optimizer state is at an entry's offset of
+    for tensor in held:
+        here = {tensor.data_ptr() - e["offset"] for e in manifest["tensors"] if e["nbytes"] == tensor.nbytes}
+        bases = here if bases is None else bases & here
+    assert bases is not None and len(bases) == 1
+    page = os.sysconf("SC_PAGE_SIZE")
+    present = _present_pages(bases.pop(), manifest["data_bytes"]) * page
+    states_bytes = sum(t.nbytes for t in held)
+    assert manifest["data_bytes"] > states_bytes + 8 * 2**20  # the model's 8 MiB are in the snapshot too
+    assert states_bytes <= present <= states_bytes + 64 * page  # ... but only the optimizer's bytes stay
+    assert _same(model.state_dict(), saved_weights)
+    for restored, saved in zip(optimizer.state.values(), saved_states):
+        assert all(torch.equal(restored[k], saved[k]) for k in saved)
+    model(torch.randn(4, 1024)).pow(2).mean().backward()
+    optimizer.step()  # the optimizer goes on with the bytes it kept
+    tiers.close()

@@ -105,17 +105,9 @@ def recv_to_file(sock: socket.socket, path: Path, size: int) -> None:
     through a shared mapping, allocated first so that a full tmpfs fails here rather than with a SIGBUS; a reused file
     of this size has its pages already (allocating 512 MiB of tmpfs pages for every copy cost more than the copy)."""
     with open(os.open(path, os.O_RDWR | os.O_CREAT, 0o600), "r+b") as f:
-        stat = os.fstat(f.fileno())
-        if stat.st_size != size:
-            f.truncate(size)
+        store.size_data_file(f.fileno(), size)
         if not size:
             return
-        if stat.st_size != size or stat.st_blocks * 512 < size:
-            try:
-                os.posix_fallocate(f.fileno(), 0, size)
-            except OSError as err:
-                if err.errno not in (95, 22):  # a filesystem without fallocate
-                    raise
         with mmap.mmap(f.fileno(), size) as mapped, memoryview(mapped) as target:
             recv_into(sock, target, path.name)
 

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import mmap
 import os
 import pickle
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +48,7 @@ __all__ = [
     "TensorRef",
     "private_buffer",
     "read_snapshot",
+    "release_unused",
     "state_bytes",
     "state_from_parts",
     "write_file",
@@ -151,12 +154,7 @@ class _Mappings:
     def bytes_of(self, path: Path, size: int) -> Tensor:
         fd = os.open(path, os.O_RDWR)
         try:
-            stat = os.fstat(fd)
-            if stat.st_size != size:
-                os.ftruncate(fd, size)
-            if size and (stat.st_size != size or stat.st_blocks * 512 < size):
-                # a reused file of this size has its pages already (asking again took 17 ms per 528 MiB snapshot)
-                _reserve(fd, size, path)
+            stat = _reserve(fd, size, path)
             key = (stat.st_dev, stat.st_ino, size)
             if key in self._maps:
                 self._maps.move_to_end(key)
@@ -186,19 +184,18 @@ class _Mappings:
                 view.close()
 
 
-def _reserve(fd: int, size: int, path: Path) -> None:
-    """Allocate the file's pages now: writing through a mapping of a full tmpfs would kill the process (SIGBUS)."""
+def _reserve(fd: int, size: int, path: Path) -> os.stat_result:
+    """:func:`~fabric_core.io.snapshot_store.size_data_file`, a full shared memory said in the tier's words."""
     try:
-        os.posix_fallocate(fd, 0, size)
+        return store.size_data_file(fd, size)
     except OSError as err:
-        if err.errno in (28, 122):  # ENOSPC, EDQUOT
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
             raise MemoryTierError(
                 f"No room for a {_size(size)} memory snapshot in {path.parent} ({_size(store.free_bytes(path))} free"
                 f" of {_size(store.filesystem_size(path))}). Give the shared memory more room ({_SETTINGS}) or keep"
                 " fewer snapshots (memory_keep_last)."
             ) from err
-        if err.errno not in (95, 22):  # EOPNOTSUPP/EINVAL: a filesystem without fallocate; writing will tell
-            raise
+        raise
 
 
 _SETTINGS = (
@@ -441,10 +438,7 @@ def private_buffer(size: int) -> Any:
 def _data_bytes(data: Path, size: int, copy: bool) -> Any:
     """The first ``size`` bytes of ``data``: a private copy-on-write mapping, or (``copy``) a copy in this process."""
     with open(data, "rb") as f:
-        found = f.seek(0, 2)
-        if found < size:  # before mapping: touching a page past the end of a mapped file is a SIGBUS
-            raise store.SnapshotChecksumError(f"{data} holds {found} bytes, the manifest says {size}.")
-        f.seek(0)
+        store.check_data_size(f.fileno(), size, data)
         if not copy:
             return mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
         view = private_buffer(size)
@@ -505,7 +499,54 @@ def state_from_parts(
         del raw
     unpickler = _SafeUnpickler(_BytesReader(skeleton)) if weights_only else None
     tree = unpickler.load() if unpickler is not None else pickle.loads(skeleton)
-    return _rebuild(tree, _tensor_views(data, manifest["tensors"]))
+    tensors = _tensor_views(data, manifest["tensors"])
+    _watch(data, manifest["tensors"], tensors)
+    return _rebuild(tree, tensors)
+
+
+# ------------------------------------------------------------------------------------------------------ giving back
+try:
+    from torch.multiprocessing.reductions import StorageWeakRef
+except ImportError:  # pragma: no cover - every torch this package supports has it
+    StorageWeakRef = None  # type: ignore[assignment,misc]
+
+#: Restored buffers (weakly) and, per tensor, its byte range and a weak reference to its storage.
+_WATCHED: list[tuple[weakref.ReferenceType, list[tuple[int, int, Any]]]] = []
+
+
+def _watch(buffer: Any, table: list[dict[str, Any]], tensors: list[Tensor]) -> None:
+    _WATCHED[:] = [(ref, ranges) for ref, ranges in _WATCHED if ref() is not None]  # buffers gone since
+    if isinstance(buffer, mmap.mmap) and StorageWeakRef is not None:
+        ranges = [(e["offset"], e["nbytes"], StorageWeakRef(t.untyped_storage())) for e, t in zip(table, tensors) if e["nbytes"]]
+        _WATCHED.append((weakref.ref(buffer), ranges))
+
+
+def release_unused() -> int:
+    """Give back the memory of restored tensors that nobody holds any more; returns the bytes given back. Call it once
+    a restored state has been loaded into the live objects.
+
+    A restored snapshot is one private buffer (one read, one checksum pass) that every tensor of the state views. A
+    module's values are copied into its parameters, so their views die at once, but an optimizer keeps the views of its
+    states, and the buffer lived on whole while any view did: a third of an AdamW state per rank, for the whole run. The
+    pages wholly inside the bytes of a tensor whose storage is gone are given back (``MADV_DONTNEED``); a storage still
+    held anywhere, even by a view of a view, keeps its bytes."""
+    given = 0
+    for ref, ranges in list(_WATCHED):
+        buffer = ref()
+        if buffer is None or buffer.closed:
+            _WATCHED.remove((ref, ranges))
+            continue
+        for item in [r for r in ranges if r[2].expired()]:
+            offset, nbytes, _ = item
+            start = -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE
+            end = (offset + nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+            if end > start:
+                buffer.madvise(mmap.MADV_DONTNEED, start, end - start)
+                given += end - start
+            ranges.remove(item)
+        if not ranges:
+            _WATCHED.remove((ref, ranges))
+    return given
 
 
 class _BytesReader:

@@ -84,9 +84,7 @@ def checksum_file(path: Path, size: int, skeleton: bytes) -> str:
     if size == 0:
         return checksum(torch.empty(0, dtype=torch.uint8), 0, skeleton)
     with open(path, "rb") as f:
-        found = f.seek(0, 2)
-        if found < size:
-            raise store.SnapshotChecksumError(f"{path} holds {found} bytes, the manifest says {size}.")
+        store.check_data_size(f.fileno(), size, path)
         view = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
     try:
         with warnings.catch_warnings():

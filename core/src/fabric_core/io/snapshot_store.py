@@ -23,6 +23,7 @@ Only the standard library is imported: the keeper process uses this module befor
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -169,6 +170,31 @@ def bytes_held(root: Path) -> int:
             with contextlib.suppress(OSError):
                 total += os.stat(os.path.join(folder, name)).st_blocks * 512
     return total
+
+
+def size_data_file(fd: int, size: int) -> os.stat_result:
+    """Make the data file open as ``fd`` ``size`` bytes long with its pages allocated, so that a full tmpfs says
+    ENOSPC here instead of killing the process that writes through a mapping (SIGBUS). A reused file of this size has
+    its pages already: asking again took 17 ms per 528 MiB snapshot. A filesystem without fallocate is left to the
+    writes. Returns the file's status before the change."""
+    stat = os.fstat(fd)
+    if stat.st_size != size:
+        os.ftruncate(fd, size)
+    if size and (stat.st_size != size or stat.st_blocks * 512 < size):
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as err:
+            if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+    return stat
+
+
+def check_data_size(fd: int, size: int, path: Path) -> None:
+    """Refuse a data file shorter than its manifest's ``size`` before it is mapped (touching a mapped page past the end
+    of a file is a SIGBUS)."""
+    found = os.fstat(fd).st_size
+    if found < size:
+        raise SnapshotChecksumError(f"{path} holds {found} bytes, the manifest says {size}.")
 
 
 def free_bytes(path: Path) -> int:

@@ -656,6 +656,8 @@ class CheckpointTiers:
             loaded, source, error = self._prepare(candidate, weights_only)
             if self.strategy.reduce_boolean_decision(error is None, all=True):
                 remainder = self._restore(candidate, loaded, state, strict, weights_only)
+                del loaded
+                memory.release_unused()
                 self.recovery = {
                     "tier": candidate.tier, "step": candidate.step, "location": candidate.location, "source": source,
                     "fallbacks": fallbacks, "seconds": time.perf_counter() - started,
@@ -741,6 +743,8 @@ class CheckpointTiers:
             for key, value in restore_into.items():
                 if key in state and not isinstance(state[key], (Module, Optimizer)) and not is_stateful(state[key]):
                     state[key] = value
+        del loaded
+        memory.release_unused()
         self._rolled_back_to.add(step)
         self.stats.setdefault("rollbacks", []).append(step)
         warnings.warn(f"The loss is not finite: rolled back to the memory snapshot of step {step} and skipped the batch.", RuntimeWarning, stacklevel=2)
