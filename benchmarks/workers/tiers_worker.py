@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import sys
 import threading
 import time
@@ -92,13 +93,14 @@ def steps(out: Path, state_mib: float, batch: int, n: int, reps: int) -> None:
     result: dict = {"state_mib": state_mib_of(model), "world_size": fabric.world_size, "snapshot": {"off": [], "memory": []},
                     "inflight": {"none": [], "thread": [], "process": []}, "save_call_s": {"thread": [], "process": []},
                     "save_total_s": {"thread": [], "process": []}, "steps_in_flight": {"thread": [], "process": []},
-                    "snapshot_call_s": []}  # fmt: skip
+                    "snapshot_call_s": [], "snapshot_blocks": [], "inflight_blocks": []}  # fmt: skip
 
     # snapshot every step vs none, in interleaved blocks
     snapshot = lambda s: memory.save(s, state)  # noqa: E731
     timed(2, snapshot)  # first snapshots allocate their shared memory
     memory.wait()
     for rep in range(reps):
+        block = {}  # each rep's medians: a ratio of neighbours in time (this VM's speed drifts over seconds)
         for variant in ("off", "memory") if rep % 2 == 0 else ("memory", "off"):
             if variant == "memory":
                 times = timed(n, snapshot)
@@ -107,6 +109,8 @@ def steps(out: Path, state_mib: float, batch: int, n: int, reps: int) -> None:
                 times = timed(n)
             memory.wait()
             result["snapshot"][variant].extend(times[1:])
+            block[variant] = statistics.median(times[1:])
+        result["snapshot_blocks"].append(block)
     # not `finished`: that ends the node's keeper, and the tiers below would register with it while it exits
     memory.close(finished=False)
     process = fabric.checkpoint_tiers(
@@ -142,9 +146,12 @@ def steps(out: Path, state_mib: float, batch: int, n: int, reps: int) -> None:
     for rep in range(reps):
         order = ["none", "thread", "process"]
         order = order[rep % 3 :] + order[: rep % 3]
+        block = {}
         for variant in order:
             if variant == "none":
-                result["inflight"]["none"].extend(timed(n))
+                times = timed(n)
+                result["inflight"]["none"].extend(times)
+                block["none"] = statistics.median(times)
                 continue
             started = time.perf_counter()
             handle = savers[variant](step)
@@ -163,7 +170,9 @@ def steps(out: Path, state_mib: float, batch: int, n: int, reps: int) -> None:
             result["save_total_s"][variant].append(time.perf_counter() - started)
             result["steps_in_flight"][variant].append(len(flying))
             result["inflight"][variant].extend(flying)
+            block[variant] = statistics.median(flying) if flying else None
             fabric.barrier()
+        result["inflight_blocks"].append(block)
     process.close(finished=True)
     if fabric.global_rank == 0:
         emit(result)
