@@ -531,21 +531,24 @@ def release_unused() -> int:
     pages wholly inside the bytes of a tensor whose storage is gone are given back (``MADV_DONTNEED``); a storage still
     held anywhere, even by a view of a view, keeps its bytes."""
     given = 0
-    for ref, ranges in list(_WATCHED):
+    still: list[tuple[weakref.ReferenceType, list[tuple[int, int, Any]]]] = []
+    for ref, ranges in _WATCHED:
         buffer = ref()
         if buffer is None or buffer.closed:
-            _WATCHED.remove((ref, ranges))
             continue
-        for item in [r for r in ranges if r[2].expired()]:
-            offset, nbytes, _ = item
+        held = []
+        for offset, nbytes, storage in ranges:
+            if not storage.expired():
+                held.append((offset, nbytes, storage))
+                continue
             start = -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE
             end = (offset + nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
             if end > start:
                 buffer.madvise(mmap.MADV_DONTNEED, start, end - start)
                 given += end - start
-            ranges.remove(item)
-        if not ranges:
-            _WATCHED.remove((ref, ranges))
+        if held:
+            still.append((ref, held))
+    _WATCHED[:] = still
     return given
 
 
